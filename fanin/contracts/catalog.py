@@ -1,0 +1,244 @@
+"""Contracts, pipeline defaults and the resolved definition of a join (SPEC §2, §6).
+
+Guarantees:
+- ``load_contracts`` reads YAML with a safe loader from a local path or any path Beam's
+  FileSystems read; a bad file raises ``ContractsError`` whose message names the file, the
+  contract (by name or position) and the field.
+- ``Catalog.definition`` resolves each of ``required``, ``optional``, ``deadline_s``,
+  ``allow_partial``, ``fail_fast`` from the open, else the contract, else the defaults; and
+  ``close_trigger``, ``retention_s`` and ``schemas`` from the contract, else the defaults. Equal
+  inputs give the same (cached, immutable) ``Definition`` object.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import jsonschema
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+__all__ = [
+    "Catalog",
+    "Contract",
+    "ContractsError",
+    "Definition",
+    "JoinDefaults",
+    "load_contracts",
+    "parse_contracts",
+]
+
+CloseTrigger = Literal["eager", "watermark"]
+
+
+class ContractsError(ValueError):
+    """The contracts file is unreadable or breaks SPEC §6."""
+
+
+class Contract(BaseModel):
+    """One entry of the contracts file; omitted fields fall back to the pipeline defaults."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1)
+    required: list[str] | None = None
+    optional: list[str] | None = None
+    deadline_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    allow_partial: bool | None = None
+    fail_fast: bool | None = None
+    close_trigger: CloseTrigger | None = None
+    retention_s: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    schemas: dict[str, dict[str, Any] | bool] = Field(default_factory=dict)
+
+    @field_validator("required", "optional")
+    @classmethod
+    def _branch_names(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and any(not name for name in value):
+            raise ValueError("branch names must be non-empty strings")
+        return value
+
+    @field_validator("schemas")
+    @classmethod
+    def _valid_schemas(cls, value: dict[str, Any]) -> dict[str, Any]:
+        for key, schema in value.items():
+            try:
+                jsonschema.Draft202012Validator.check_schema(schema)
+            except jsonschema.SchemaError as exc:
+                raise ValueError(f"schema for key {key!r} is not a valid JSON Schema: {exc.message}")
+        return value
+
+    @model_validator(mode="after")
+    def _disjoint(self) -> Contract:
+        both = set(self.required or ()) & set(self.optional or ())
+        if both:
+            raise ValueError(f"branches both required and optional: {sorted(both)}")
+        return self
+
+
+@dataclass(frozen=True)
+class JoinDefaults:
+    """Pipeline-wide defaults of SPEC §2, each settable by a command-line option."""
+
+    deadline_s: float = 30.0
+    allow_partial: bool = False
+    fail_fast: bool = False
+    close_trigger: CloseTrigger = "eager"
+    retention_s: float = 604800.0
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.deadline_s) and self.deadline_s > 0):
+            raise ValueError("deadline_s must be a finite number > 0")
+        if not (math.isfinite(self.retention_s) and self.retention_s >= 0):
+            raise ValueError("retention_s must be a finite number >= 0")
+        if self.close_trigger not in ("eager", "watermark"):
+            raise ValueError("close_trigger must be 'eager' or 'watermark'")
+
+
+@dataclass(frozen=True, eq=False)
+class Definition:
+    """The resolved definition of one join. ``required is None`` means the join is undefined."""
+
+    contract: str | None
+    required: frozenset[str] | None
+    optional: frozenset[str]
+    deadline_ms: int
+    allow_partial: bool
+    fail_fast: bool
+    close_trigger: CloseTrigger
+    retention_ms: int
+    validators: Mapping[str, Any]
+    # prefix -> declared branches equal to it or below it (for pruning by path prefix)
+    under: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def declared(self, branch: str) -> bool:
+        return self.required is not None and (branch in self.required or branch in self.optional)
+
+
+def _prefix_index(branches: frozenset[str]) -> dict[str, tuple[str, ...]]:
+    index: dict[str, list[str]] = {}
+    for name in branches:
+        index.setdefault(name, []).append(name)
+        cut = name.rfind("/")
+        while cut > 0:
+            index.setdefault(name[:cut], []).append(name)
+            cut = name.rfind("/", 0, cut)
+    return {prefix: tuple(sorted(names)) for prefix, names in index.items()}
+
+
+def _ms(seconds: float) -> int:
+    return int(seconds * 1000) if seconds < 1e15 else 10**18
+
+
+class Catalog:
+    """The contracts by name plus the defaults; resolves and caches join definitions."""
+
+    def __init__(self, contracts: Mapping[str, Contract] | None = None,
+                 defaults: JoinDefaults | None = None) -> None:
+        self.contracts: dict[str, Contract] = dict(contracts or {})
+        self.defaults = defaults or JoinDefaults()
+        self._definitions: dict[tuple[Any, ...], Definition] = {}
+        self._validators: dict[str, dict[str, Any]] = {
+            name: {key: jsonschema.Draft202012Validator(schema)
+                   for key, schema in contract.schemas.items()}
+            for name, contract in self.contracts.items()
+        }
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Catalog, (self.contracts, self.defaults))
+
+    def close_trigger(self, contract: str | None) -> CloseTrigger:
+        spec = self.contracts.get(contract) if contract else None
+        return (spec.close_trigger if spec and spec.close_trigger else None) or \
+            self.defaults.close_trigger
+
+    def definition(self, contract: str | None, required: tuple[str, ...] | None,
+                   optional: tuple[str, ...] | None, deadline_ms: int | None,
+                   allow_partial: bool | None, fail_fast: bool | None) -> Definition:
+        """Resolve open fields (None = not given) against the contract and the defaults."""
+        cache_key = (contract, required, optional, deadline_ms, allow_partial, fail_fast)
+        found = self._definitions.get(cache_key)
+        if found is not None:
+            return found
+        spec = self.contracts.get(contract) if contract else None
+        dflt = self.defaults
+
+        def pick(open_value: Any, name: str, default: Any) -> Any:
+            if open_value is not None:
+                return open_value
+            value = getattr(spec, name) if spec is not None else None
+            return default if value is None else value
+
+        req = pick(required, "required", None)
+        req_set = None if req is None else frozenset(req)
+        opt_set = frozenset(pick(optional, "optional", ())) - (req_set or frozenset())
+        deadline = deadline_ms if deadline_ms is not None else _ms(pick(None, "deadline_s", dflt.deadline_s))
+        definition = Definition(
+            contract=contract,
+            required=req_set,
+            optional=opt_set,
+            deadline_ms=max(deadline, 0),
+            allow_partial=pick(allow_partial, "allow_partial", dflt.allow_partial),
+            fail_fast=pick(fail_fast, "fail_fast", dflt.fail_fast),
+            close_trigger=pick(None, "close_trigger", dflt.close_trigger),
+            retention_ms=_ms(pick(None, "retention_s", dflt.retention_s)),
+            validators=self._validators.get(contract, {}) if contract else {},
+            under=_prefix_index((req_set or frozenset()) | opt_set),
+        )
+        if len(self._definitions) > 4096:
+            self._definitions.clear()
+        self._definitions[cache_key] = definition
+        return definition
+
+
+def _describe(loc: tuple[Any, ...]) -> str:
+    return ".".join(str(part) for part in loc) or "(contract)"
+
+
+def parse_contracts(text: str, origin: str = "<contracts>") -> dict[str, Contract]:
+    """Parse the YAML text of a contracts file into contracts by name."""
+    try:
+        document = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ContractsError(f"{origin}: not valid YAML: {exc}".replace("\n", " ")) from None
+    if not isinstance(document, dict) or not isinstance(document.get("contracts"), list):
+        raise ContractsError(f"{origin}: expected a top-level 'contracts:' list")
+    extra = set(document) - {"contracts"}
+    if extra:
+        raise ContractsError(f"{origin}: unknown top-level field(s) {sorted(extra)}")
+    contracts: dict[str, Contract] = {}
+    for position, entry in enumerate(document["contracts"], start=1):
+        label = f"contract #{position}"
+        if isinstance(entry, dict) and isinstance(entry.get("name"), str):
+            label = f"contract {entry['name']!r}"
+        if not isinstance(entry, dict):
+            raise ContractsError(f"{origin}: {label}: expected a mapping")
+        try:
+            contract = Contract.model_validate(entry)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            raise ContractsError(
+                f"{origin}: {label}: field {_describe(first['loc'])}: {first['msg']}"
+            ) from None
+        if contract.name in contracts:
+            raise ContractsError(f"{origin}: {label}: field name: duplicate contract name")
+        contracts[contract.name] = contract
+    return contracts
+
+
+def load_contracts(path: str) -> dict[str, Contract]:
+    """Read a contracts file from a local path or any Beam filesystem path (gs://...)."""
+    try:
+        from apache_beam.io.filesystems import FileSystems
+
+        with FileSystems.open(path) as handle:
+            raw = handle.read()
+    except Exception as exc:  # any filesystem error becomes one clear line
+        raise ContractsError(f"{path}: cannot read contracts file: {exc}".split("\n")[0]) from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ContractsError(f"{path}: contracts file is not UTF-8") from None
+    return parse_contracts(text, origin=path)

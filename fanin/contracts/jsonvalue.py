@@ -1,0 +1,114 @@
+"""Strict JSON decoding and JSON equality (SPEC §1).
+
+Guarantees:
+- ``loads_strict`` refuses what SPEC §1 says is not JSON: ``NaN``/``Infinity`` literals, numbers
+  that overflow a double (``1e400``), integers longer than Python's digit limit, objects with a
+  repeated field name (at any depth), lone UTF-16 surrogate escapes (they cannot be written back
+  as UTF-8), and nesting deeper than ``MAX_DEPTH``. Each refusal is a ``JSONRefused`` with a
+  one-line reason.
+- ``canonical`` maps a JSON value to a string such that two values are JSON-equal (numbers by
+  value, ``1 == 1.0``; strings exactly; arrays in order; objects by their set of fields;
+  ``true`` is not ``1``) exactly when their canonical strings are equal. The string is itself
+  JSON, so "least canonical JSON" is a total, deterministic order.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+__all__ = ["MAX_DEPTH", "JSONRefused", "canonical", "dumps", "loads_strict"]
+
+MAX_DEPTH = 64
+
+
+class JSONRefused(ValueError):
+    """The text is not JSON as SPEC §1 defines it."""
+
+
+def _refuse_constant(name: str) -> Any:
+    raise JSONRefused(f"{name} is not JSON")
+
+
+def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for name, _ in pairs:
+            if name in seen:
+                raise JSONRefused(f"repeated field name {name!r}")
+            seen.add(name)
+    return obj
+
+
+def _float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise JSONRefused(f"number {text[:40]} is out of range")
+    return value
+
+
+_DECODER = json.JSONDecoder(
+    object_pairs_hook=_pairs, parse_constant=_refuse_constant, parse_float=_float
+)
+
+
+def _check(value: Any, depth: int) -> None:
+    """Depth and surrogate check; only called when the text could contain either problem."""
+    if depth > MAX_DEPTH:
+        raise JSONRefused(f"nesting deeper than {MAX_DEPTH}")
+    if isinstance(value, dict):
+        for name, item in value.items():
+            _check(name, depth + 1)
+            _check(item, depth + 1)
+    elif isinstance(value, list):
+        for item in value:
+            _check(item, depth + 1)
+    elif isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise JSONRefused("lone surrogate in a string") from None
+
+
+def loads_strict(text: str) -> Any:
+    """Decode ``text`` as strict JSON; raise ``JSONRefused`` with a reason otherwise."""
+    try:
+        value = _DECODER.decode(text)
+    except JSONRefused:
+        raise
+    except RecursionError:
+        raise JSONRefused(f"nesting deeper than {MAX_DEPTH}") from None
+    except ValueError as exc:  # JSONDecodeError, and int digit-limit errors
+        raise JSONRefused(str(exc).split("\n", 1)[0]) from None
+    # Cheap gate for the rare cases: deep nesting needs many brackets, surrogates need "\u".
+    if text.count("[") + text.count("{") > MAX_DEPTH or "\\u" in text or "\\U" in text:
+        _check(value, 0)
+    return value
+
+
+def _normalize(value: Any) -> Any:
+    if value is True or value is False or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, float):
+        return int(value) if value.is_integer() else value
+    if isinstance(value, int):
+        return value
+    if isinstance(value, dict):
+        return {name: _normalize(item) for name, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_normalize(item) for item in value]
+    raise TypeError(f"not a JSON value: {type(value).__name__}")
+
+
+def canonical(value: Any) -> str:
+    """Canonical JSON text: sorted fields, integral numbers without fraction, no spaces."""
+    return json.dumps(
+        _normalize(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False
+    )
+
+
+def dumps(value: Any) -> str:
+    """Compact JSON text for output lines (UTF-8, fields in the order given)."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)

@@ -1,0 +1,68 @@
+"""Pydantic models of the input messages of SPEC §1 (open and receipt).
+
+Guarantees:
+- Validation is strict: a field of the wrong JSON type is an error (``"false"`` is not a boolean,
+  ``1`` is not a string, ``true`` is not an integer); every bad field is reported once.
+- Fields not in SPEC's table are ignored here (they stay in the original text, which the
+  pipeline keeps); fields the table marks "ignored" for a kind are not validated for that kind.
+- An explicit JSON ``null`` for an optional field means the same as leaving the field out.
+- Times are returned as integer epoch milliseconds (see ``timefmt``).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
+
+from fanin.contracts.timefmt import parse_rfc3339
+
+__all__ = ["OpenMessage", "ReceiptMessage", "Status"]
+
+Status = Literal["ok", "error", "timeout", "skipped"]
+
+
+def _time(value: Any) -> int:
+    if not isinstance(value, str):
+        raise ValueError("must be an RFC 3339 string")
+    return parse_rfc3339(value)
+
+
+JoinId = Annotated[str, StringConstraints(min_length=1, max_length=256)]
+Name = Annotated[str, StringConstraints(min_length=1)]
+Millis = Annotated[int, BeforeValidator(_time)]
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
+
+    join_id: JoinId
+    contract: Name | None = None
+    run_id: str | None = None
+    message_id: str | None = None
+
+
+class OpenMessage(_Message):
+    """``kind: "open"``: one per fan-out; defines the join (SPEC §1-2)."""
+
+    kind: Literal["open"] = "open"
+    opened_at: Millis
+    required: list[Name] | None = None
+    optional: list[Name] | None = None
+    deadline_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
+    allow_partial: bool | None = None
+    fail_fast: bool | None = None
+
+
+class ReceiptMessage(_Message):
+    """``kind: "receipt"`` (the default): one per branch result (SPEC §1, §3)."""
+
+    kind: Literal["receipt"] = "receipt"
+    branch: Name
+    status: Status
+    event_time: Millis
+    opened_at: Millis | None = None
+    key: str | None = None
+    value: Any = None
+    error: str | None = None
+    attempt: Annotated[int, Field(ge=1)] | None = None

@@ -1,0 +1,134 @@
+"""One input message (bytes or text) -> a ``Record`` or a dead-letter object (SPEC §1, §5).
+
+Guarantees:
+- Never raises for any input: every failure is returned as a dead-letter dict
+  ``{"error", "detail", "raw", "source"}`` (plus ``raw_base64`` when the bytes are not UTF-8,
+  so the exact input is never lost).
+- ``error`` is one of the codes in ``ERRORS``; ``detail`` is one human line naming the field
+  and the problem (all bad fields, one clause each).
+- A message longer than ``max_bytes`` (default 256 KiB, UTF-8 bytes) is ``too_large``.
+- ``unknown_contract`` when a message names a contract the catalog lacks.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Container
+from typing import Any
+
+from pydantic import ValidationError
+
+from fanin.contracts import records as R
+from fanin.contracts.jsonvalue import JSONRefused, canonical, loads_strict
+from fanin.contracts.messages import OpenMessage, ReceiptMessage
+
+__all__ = ["DEFAULT_MAX_BYTES", "ERRORS", "dead_letter", "parse_message"]
+
+DEFAULT_MAX_BYTES = 256 * 1024
+
+ERRORS = (
+    "too_large",
+    "not_utf8",
+    "invalid_json",
+    "not_object",
+    "invalid_message",
+    "unknown_contract",
+    "undefined_join",
+    "join_too_large",
+)
+
+
+def dead_letter(error: str, detail: str, raw: str | bytes, source: dict[str, Any]) -> dict[str, Any]:
+    """Build a dead-letter object; bytes that are not UTF-8 are kept exactly in ``raw_base64``."""
+    line: dict[str, Any] = {"error": error, "detail": detail}
+    if isinstance(raw, bytes):
+        try:
+            line["raw"] = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            line["raw"] = raw.decode("utf-8", errors="replace")
+            line["raw_base64"] = base64.b64encode(raw).decode("ascii")
+    else:
+        line["raw"] = raw
+    line["source"] = source
+    return line
+
+
+def _field_errors(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors(include_url=False):
+        loc = ".".join(str(p) for p in err["loc"]) or "message"
+        parts.append(f"field {loc}: {err['msg']}")
+    return "; ".join(parts)
+
+
+def _sorted_names(names: list[str] | None) -> tuple[str, ...] | None:
+    return None if names is None else tuple(sorted(set(names)))
+
+
+def _open_record(msg: OpenMessage, text: str, source: dict[str, Any]) -> R.Record:
+    required = _sorted_names(msg.required)
+    optional = _sorted_names(msg.optional)
+    deadline_ms = None if msg.deadline_s is None else (
+        int(msg.deadline_s * 1000) if msg.deadline_s < 1e15 else 10**18)
+    canon = canonical([msg.join_id, msg.opened_at, msg.contract, required, optional,
+                       deadline_ms, msg.allow_partial, msg.fail_fast])
+    return (R.OPEN, msg.join_id, msg.opened_at, text, source, msg.contract, msg.run_id,
+            msg.message_id, required, optional, deadline_ms, msg.allow_partial, msg.fail_fast,
+            canon)
+
+
+def _receipt_record(msg: ReceiptMessage, text: str, source: dict[str, Any]) -> R.Record:
+    key = msg.branch if msg.key is None else msg.key
+    value_canon = canonical(msg.value)
+    content = canonical([msg.status, key, msg.error]) + value_canon
+    return (R.RECEIPT, msg.join_id, msg.event_time, text, source, msg.contract, msg.run_id,
+            msg.message_id, msg.branch, msg.status, key, msg.value, msg.error,
+            msg.attempt or 1, msg.opened_at, content, value_canon)
+
+
+def parse_message(data: bytes | str, source: dict[str, Any], contracts: Container[str],
+                  max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[R.Record | None, dict[str, Any] | None]:
+    """Validate one message. Returns ``(record, None)`` or ``(None, dead_letter)``."""
+    if isinstance(data, bytes):
+        if len(data) > max_bytes:
+            return None, dead_letter("too_large", f"{len(data)} bytes > limit {max_bytes}",
+                                     data, source)
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            return None, dead_letter("not_utf8", f"not UTF-8 at byte {exc.start}", data, source)
+    else:
+        text = data
+        if len(text) * 4 > max_bytes and len(text.encode("utf-8")) > max_bytes:
+            return None, dead_letter("too_large", f"{len(text.encode('utf-8'))} bytes > limit "
+                                     f"{max_bytes}", text, source)
+    try:
+        obj = loads_strict(text)
+    except JSONRefused as exc:
+        return None, dead_letter("invalid_json", str(exc), text, source)
+    if not isinstance(obj, dict):
+        return None, dead_letter("not_object", f"a JSON {type(obj).__name__}, not an object",
+                                 text, source)
+    kind = obj.get("kind", "receipt")
+    try:
+        if kind == "receipt":
+            record = _receipt_record(ReceiptMessage.model_validate(obj), text, source)
+        elif kind == "open":
+            opened = OpenMessage.model_validate(obj)
+            both = set(opened.required or ()) & set(opened.optional or ())
+            if both:
+                return None, dead_letter("invalid_message", "branches both required and "
+                                         f"optional: {sorted(both)}", text, source)
+            record = _open_record(opened, text, source)
+        else:
+            return None, dead_letter("invalid_message",
+                                     "field kind: must be \"open\" or \"receipt\"", text, source)
+    except ValidationError as exc:
+        return None, dead_letter("invalid_message", _field_errors(exc), text, source)
+    except (ValueError, TypeError) as exc:  # e.g. a number that cannot be canonicalised
+        return None, dead_letter("invalid_message", str(exc), text, source)
+    contract = record[R.CONTRACT]
+    if contract is not None and contract not in contracts:
+        return None, dead_letter("unknown_contract", f"no contract named {contract!r}",
+                                 text, source)
+    return record, None

@@ -1,0 +1,102 @@
+"""RFC 3339 timestamps <-> integer epoch milliseconds (SPEC §1, §5).
+
+Guarantees:
+- ``parse_rfc3339`` accepts exactly RFC 3339 §5.6 ``date-time``: ``YYYY-MM-DD``, ``T`` (or ``t``),
+  ``hh:mm:ss`` with optional fraction, then ``Z`` (or ``z``) or ``+hh:mm`` / ``-hh:mm``. Anything
+  else (no zone, a space for ``T``, a bad day of month, hour 24...) raises ``ValueError`` with a
+  message naming the problem. The fraction is truncated (not rounded) to whole milliseconds.
+- The instant, once converted to UTC, must lie in years 0001-9999; otherwise ``ValueError``.
+- A leap second (``:60``) is accepted, as RFC 3339 allows, and counted as ``:59.999`` of the same
+  minute, so it keeps its order relative to its neighbours.
+- ``format_ms`` renders UTC with milliseconds (``2026-01-02T03:04:05.678Z``) and is the inverse of
+  ``parse_rfc3339`` on its own output.
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["MAX_MS", "MIN_MS", "format_ms", "parse_rfc3339"]
+
+_RFC3339 = re.compile(
+    r"(\d{4})-(\d{2})-(\d{2})[Tt](\d{2}):(\d{2}):(\d{2})(?:\.(\d+))?(?:([Zz])|([+-])(\d{2}):(\d{2}))\Z"
+)
+_DAYS_IN_MONTH = (31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
+_MS_PER_DAY = 86_400_000
+
+
+def _is_leap(year: int) -> bool:
+    return year % 4 == 0 and (year % 100 != 0 or year % 400 == 0)
+
+
+def _days_from_civil(y: int, m: int, d: int) -> int:
+    """Days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant's algorithm)."""
+    y -= m <= 2
+    era = y // 400
+    yoe = y - era * 400
+    doy = (153 * (m + (-3 if m > 2 else 9)) + 2) // 5 + d - 1
+    doe = yoe * 365 + yoe // 4 - yoe // 100 + doy
+    return era * 146097 + doe - 719468
+
+
+def _civil_from_days(z: int) -> tuple[int, int, int]:
+    z += 719468
+    era = z // 146097
+    doe = z - era * 146097
+    yoe = (doe - doe // 1460 + doe // 36524 - doe // 146096) // 365
+    y = yoe + era * 400
+    doy = doe - (365 * yoe + yoe // 4 - yoe // 100)
+    mp = (5 * doy + 2) // 153
+    d = doy - (153 * mp + 2) // 5 + 1
+    m = mp + (3 if mp < 10 else -9)
+    return y + (m <= 2), m, d
+
+
+MIN_MS = _days_from_civil(1, 1, 1) * _MS_PER_DAY
+MAX_MS = _days_from_civil(10000, 1, 1) * _MS_PER_DAY - 1
+
+
+def parse_rfc3339(text: str) -> int:
+    """Parse an RFC 3339 date-time into epoch milliseconds (UTC), truncating sub-millisecond digits."""
+    match = _RFC3339.match(text)
+    if match is None:
+        raise ValueError("not an RFC 3339 date-time (YYYY-MM-DDThh:mm:ss[.fff](Z|+hh:mm))")
+    year, month, day, hour, minute, second = (int(g) for g in match.group(1, 2, 3, 4, 5, 6))
+    if year < 1:
+        raise ValueError("year must be 0001-9999")
+    if not 1 <= month <= 12:
+        raise ValueError("month must be 01-12")
+    days_in_month = 29 if month == 2 and _is_leap(year) else _DAYS_IN_MONTH[month - 1]
+    if not 1 <= day <= days_in_month:
+        raise ValueError(f"day must be 01-{days_in_month:02d} for {year:04d}-{month:02d}")
+    if hour > 23 or minute > 59 or second > 60:
+        raise ValueError("time of day out of range")
+    fraction = match.group(7)
+    millis = int((fraction + "00")[:3]) if fraction else 0
+    if second == 60:
+        second, millis = 59, 999
+    offset_min = 0
+    if match.group(8) is None:
+        off_h, off_m = int(match.group(10)), int(match.group(11))
+        if off_h > 23 or off_m > 59:
+            raise ValueError("zone offset out of range")
+        offset_min = (off_h * 60 + off_m) * (1 if match.group(9) == "+" else -1)
+    value = (
+        _days_from_civil(year, month, day) * _MS_PER_DAY
+        + ((hour * 60 + minute - offset_min) * 60 + second) * 1000
+        + millis
+    )
+    if not MIN_MS <= value <= MAX_MS:
+        raise ValueError("instant is outside years 0001-9999 in UTC")
+    return value
+
+
+def format_ms(ms: int) -> str:
+    """Render epoch milliseconds as RFC 3339 UTC with milliseconds; clamps to years 0001-9999."""
+    ms = min(max(ms, MIN_MS), MAX_MS)
+    days, rem = divmod(ms, _MS_PER_DAY)
+    year, month, day = _civil_from_days(days)
+    secs, millis = divmod(rem, 1000)
+    hour, secs = divmod(secs, 3600)
+    minute, second = divmod(secs, 60)
+    return f"{year:04d}-{month:02d}-{day:02d}T{hour:02d}:{minute:02d}:{second:02d}.{millis:03d}Z"

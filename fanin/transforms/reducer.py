@@ -1,0 +1,447 @@
+"""The join reducer of SPEC §2-3: a pure, order-independent fold of one join's messages.
+
+No Beam import: this is plain Python, tested and benchmarked alone.
+
+Guarantees:
+- ``JoinReducer.add`` applies one ``Record`` in O(1) amortised time at any fan-out width: per
+  branch aggregates and the counters that decide completeness are maintained incrementally;
+  nothing seen before is rescanned. (A change of the join's definition - its open or contract
+  arriving - recomputes the derived counters once, in O(branches).)
+- The result (``complete``, ``all_reported``, ``close``) depends only on the set of records
+  added, never on their order. Redelivering a record changes only ``counts.messages`` and
+  ``counts.duplicates``.
+- Rules, as SPEC §3 states them: pruning by path prefix (``b`` prunes ``b`` and ``b/...``);
+  ``unknown_branch`` for receipts outside the declared branches and for skips that prune
+  nothing; ``pruned_branch_reported``; per branch the highest attempt wins and lower attempts
+  are ``superseded``; identical content again is a ``duplicate``, different content at the top
+  attempt is ``duplicate_changed`` (and the branch has no current receipt); ``key_conflict`` by
+  JSON equality, one entry per branch involved; ``schema_violation`` against the contract's
+  JSON Schema for the key; ``open_conflict`` and ``contract_conflict``.
+
+Choices where SPEC is silent (see docs/semantics.md):
+- Receipts are grouped per branch by ``(attempt, content)``; a second receipt in a group is a
+  duplicate (also below the top attempt, so a redelivered superseded receipt is a duplicate);
+  ``superseded`` counts the distinct groups below the top attempt.
+- The current receipt of a branch is the earliest (event time, message_id) of its group.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fanin.contracts import records as R
+from fanin.contracts.catalog import Catalog, Definition
+from fanin.contracts.timefmt import format_ms
+
+__all__ = ["JoinReducer"]
+
+_REQ_MISSING, _REQ_UNREPORTED, _CONFLICTS, _KEYENTRY = range(4)
+_NONE = (0, 0, 0, None)
+_REQ_EMPTY = (1, 1, 0, None)
+
+
+def _earlier(a: R.Record, b: R.Record) -> bool:
+    """Deterministic "first" among records of identical content."""
+    return (a[R.TIME], a[R.MESSAGE_ID] or "", a[R.RUN_ID] or "", a[R.RAW]) < \
+        (b[R.TIME], b[R.MESSAGE_ID] or "", b[R.RUN_ID] or "", b[R.RAW])
+
+
+class _Branch:
+    """All non-skip receipts of one branch path."""
+
+    __slots__ = ("cand", "groups", "max_attempt", "schema")
+
+    def __init__(self) -> None:
+        self.max_attempt = 0
+        self.cand: dict[str, R.Record] = {}  # content -> first record, at max_attempt
+        self.groups: set[tuple[int, str]] = set()  # (attempt, content) seen
+        self.schema: tuple[str, str | None] | None = None  # (content, violation or None)
+
+
+class JoinReducer:
+    """Order-independent state of one join; see the module docstring for the guarantees."""
+
+    __slots__ = (
+        "_defn", "_n_conflicts", "_n_missing", "_n_unreported", "_pruned", "_contrib",
+        "_keys", "branches", "catalog", "contract_names", "dup_other", "duplicates",
+        "messages", "min_event", "min_receipt_opened", "opens", "skips", "superseded",
+        "_unknown_skips",
+    )
+
+    def __init__(self, catalog: Catalog) -> None:
+        self.catalog = catalog
+        self.messages = 0
+        self.duplicates = 0
+        self.superseded = 0
+        self.dup_other = 0
+        self.opens: dict[str, R.Record] = {}  # canon -> first open record
+        self.contract_names: dict[str, int] = {}
+        self.min_event: int | None = None
+        self.min_receipt_opened: int | None = None
+        self.branches: dict[str, _Branch] = {}
+        self.skips: dict[str, R.Record] = {}  # skipped path -> first skip record
+        self._defn: Definition | None = None
+        self._reset_derived()
+
+    # ------------------------------------------------------------------ definition
+    def _reset_derived(self) -> None:
+        self._n_missing = 0
+        self._n_unreported = 0
+        self._n_conflicts = 0
+        self._pruned: set[str] = set()
+        self._unknown_skips = 0
+        self._contrib: dict[str, tuple[int, int, int, Any]] = {}
+        self._keys: dict[str, dict[str, int]] = {}
+
+    def defining_open(self) -> R.Record | None:
+        if not self.opens:
+            return None
+        return min(self.opens.values(), key=lambda o: (o[R.TIME], o[R.O_CANON]))
+
+    def contract(self) -> str | None:
+        first = self.defining_open()
+        if first is not None and first[R.CONTRACT] is not None:
+            return first[R.CONTRACT]
+        return min(self.contract_names) if self.contract_names else None
+
+    def _resolve(self) -> Definition:
+        first = self.defining_open()
+        contract = self.contract()
+        if first is None:
+            return self.catalog.definition(contract, None, None, None, None, None)
+        return self.catalog.definition(contract, first[R.O_REQUIRED], first[R.O_OPTIONAL],
+                                       first[R.O_DEADLINE_MS], first[R.O_ALLOW_PARTIAL],
+                                       first[R.O_FAIL_FAST])
+
+    def _redefine(self) -> None:
+        defn = self._resolve()
+        if defn is self._defn:
+            return
+        self._defn = defn
+        self._reset_derived()
+        if defn.required is None:
+            return
+        for path in self.skips:
+            self._apply_skip(path)
+        for name in defn.required:
+            if name not in self._pruned:
+                self._set_contrib(name, _REQ_EMPTY)
+        for name in self.branches:
+            self._update(name)
+
+    @property
+    def definition(self) -> Definition:
+        if self._defn is None:
+            self._defn = self._resolve()
+        return self._defn
+
+    # ------------------------------------------------------------------ derived counters
+    def _set_contrib(self, name: str, new: tuple[int, int, int, Any]) -> None:
+        old = self._contrib.get(name, _NONE)
+        if old == new:
+            return
+        self._n_missing += new[0] - old[0]
+        self._n_unreported += new[1] - old[1]
+        self._n_conflicts += new[2] - old[2]
+        if old[3] != new[3]:
+            if old[3] is not None:
+                self._key_entry(old[3], -1)
+            if new[3] is not None:
+                self._key_entry(new[3], 1)
+        if new == _NONE:
+            self._contrib.pop(name, None)
+        else:
+            self._contrib[name] = new
+
+    def _key_entry(self, entry: tuple[str, str], delta: int) -> None:
+        key, value = entry
+        values = self._keys.setdefault(key, {})
+        before = sum(values.values()) if len(values) > 1 else 0
+        count = values.get(value, 0) + delta
+        if count:
+            values[value] = count
+        else:
+            del values[value]
+        after = sum(values.values()) if len(values) > 1 else 0
+        self._n_conflicts += after - before
+        if not values:
+            del self._keys[key]
+
+    def _contribution(self, name: str, branch: _Branch | None) -> tuple[int, int, int, Any]:
+        defn = self._defn
+        assert defn is not None and defn.required is not None
+        declared = name in defn.required or name in defn.optional
+        if not declared:
+            return (0, 0, 1, None) if branch is not None else _NONE
+        if name in self._pruned:
+            return (0, 0, 1, None) if branch is not None else _NONE
+        required = 1 if name in defn.required else 0
+        if branch is None or not branch.cand:
+            return (required, required, 0, None)
+        if len(branch.cand) > 1:
+            return (required, required, 1, None)
+        (content, record), = branch.cand.items()
+        if record[R.R_STATUS] != "ok":
+            return (required, 0, 0, None)
+        bad = 0
+        validator = defn.validators.get(record[R.R_KEY])
+        if validator is not None:
+            bad = 1 if self._violation(branch, content, record, validator) else 0
+        return (0, 0, bad, (record[R.R_KEY], record[R.R_VALUE_CANON]))
+
+    @staticmethod
+    def _violation(branch: _Branch, content: str, record: R.Record, validator: Any) -> str | None:
+        if branch.schema is None or branch.schema[0] != content:
+            error = next(iter(validator.iter_errors(record[R.R_VALUE])), None)
+            branch.schema = (content, None if error is None else error.message[:500])
+        return branch.schema[1]
+
+    def _update(self, name: str) -> None:
+        self._set_contrib(name, self._contribution(name, self.branches.get(name)))
+
+    def _apply_skip(self, path: str) -> None:
+        """Prune what a (first) skip of ``path`` covers, under the current definition."""
+        defn = self._defn
+        assert defn is not None
+        covered = defn.under.get(path)
+        if not covered:
+            self._unknown_skips += 1
+            self._n_conflicts += 1
+            return
+        for name in covered:
+            if name not in self._pruned:
+                self._pruned.add(name)
+                self._update(name)
+
+    # ------------------------------------------------------------------ folding
+    def add(self, record: R.Record) -> None:
+        """Fold one validated record into the join (any order)."""
+        self.messages += 1
+        t = record[R.TIME]
+        contract = record[R.CONTRACT]
+        redefine = False
+        if contract is not None:
+            count = self.contract_names.get(contract, 0)
+            self.contract_names[contract] = count + 1
+            if count == 0:
+                redefine = True
+        if record[R.KIND] == R.OPEN:
+            canon = record[R.O_CANON]
+            seen = self.opens.get(canon)
+            if seen is None:
+                self.opens[canon] = record
+                redefine = True
+            else:
+                self.dup_other += 1
+                if _earlier(record, seen):
+                    self.opens[canon] = record
+            if self.min_event is None or t < self.min_event:
+                self.min_event = t
+            if redefine:
+                self._redefine()
+            return
+        if self.min_event is None or t < self.min_event:
+            self.min_event = t
+        opened = record[R.R_OPENED_AT]
+        if opened is not None and (self.min_receipt_opened is None or opened < self.min_receipt_opened):
+            self.min_receipt_opened = opened
+        if redefine:
+            self._redefine()
+        if record[R.R_STATUS] == "skipped":
+            self._add_skip(record)
+        else:
+            self._add_receipt(record)
+
+    def _add_skip(self, record: R.Record) -> None:
+        path = record[R.R_BRANCH]
+        seen = self.skips.get(path)
+        if seen is not None:
+            self.dup_other += 1
+            if _earlier(record, seen):
+                self.skips[path] = record
+            return
+        self.skips[path] = record
+        defn = self._defn
+        if defn is not None and defn.required is not None:
+            self._apply_skip(path)
+
+    def _add_receipt(self, record: R.Record) -> None:
+        name = record[R.R_BRANCH]
+        branch = self.branches.get(name)
+        if branch is None:
+            branch = self.branches[name] = _Branch()
+        attempt = record[R.R_ATTEMPT]
+        content = record[R.R_CONTENT]
+        group = (attempt, content)
+        if group in branch.groups:
+            self.duplicates += 1
+            if attempt == branch.max_attempt and _earlier(record, branch.cand[content]):
+                branch.cand[content] = record
+            return
+        branch.groups.add(group)
+        if attempt > branch.max_attempt:
+            self.superseded += len(branch.cand)
+            branch.max_attempt = attempt
+            branch.cand = {content: record}
+        elif attempt < branch.max_attempt:
+            self.superseded += 1
+            return
+        else:
+            branch.cand[content] = record
+        defn = self._defn
+        if defn is not None and defn.required is not None:
+            self._set_contrib(name, self._contribution(name, branch))
+
+    # ------------------------------------------------------------------ questions
+    def is_empty(self) -> bool:
+        return self.messages == 0
+
+    def defined(self) -> bool:
+        return self.definition.required is not None
+
+    def conflict_count(self) -> int:
+        return self._n_conflicts + (len(self.opens) > 1) + (len(self.contract_names) > 1)
+
+    def complete(self) -> bool:
+        """Every required, unpruned branch has a current ok receipt, and no conflicts."""
+        return self.defined() and self._n_missing == 0 and self.conflict_count() == 0
+
+    def all_reported(self) -> bool:
+        """Every required, unpruned branch has a current receipt (the fail_fast condition)."""
+        return self.defined() and self._n_unreported == 0
+
+    def closable(self) -> bool:
+        if not self.defined():
+            return False
+        return self.complete() or (self.definition.fail_fast and self.all_reported())
+
+    def opened_at(self) -> int | None:
+        first = self.defining_open()
+        if first is not None:
+            return first[R.TIME]
+        if self.min_receipt_opened is not None:
+            return self.min_receipt_opened
+        return self.min_event
+
+    def deadline(self) -> int | None:
+        opened = self.opened_at()
+        return None if opened is None else opened + self.definition.deadline_ms
+
+    def run_id(self) -> str | None:
+        first = self.defining_open()
+        if first is not None and first[R.RUN_ID] is not None:
+            return first[R.RUN_ID]
+        ids = [r[R.RUN_ID] for r in self._all_records() if r[R.RUN_ID] is not None]
+        return min(ids) if ids else None
+
+    def _all_records(self) -> list[R.Record]:
+        out = list(self.opens.values()) + list(self.skips.values())
+        for branch in self.branches.values():
+            out.extend(branch.cand.values())
+        return out
+
+    def reason(self) -> str:
+        if self.complete():
+            return "complete"
+        return "partial" if self.definition.allow_partial else "timeout"
+
+    # ------------------------------------------------------------------ the close
+    def close(self, closed_at: int, reason: str) -> dict[str, Any]:
+        """The close object of SPEC §5 for the records folded so far."""
+        defn = self.definition
+        assert defn.required is not None, "an undefined join has no close"
+        required, optional, pruned = defn.required, defn.optional, self._pruned
+        branches_out: dict[str, Any] = {}
+        conflicts: list[dict[str, Any]] = []
+        missing, failed = [], []
+        writers: dict[str, list[tuple[str, str, Any]]] = {}
+        for name, branch in self.branches.items():
+            cand = branch.cand
+            keys = sorted(r[R.R_KEY] for r in cand.values())
+            if not (name in required or name in optional):
+                conflicts.append({"kind": "unknown_branch", "branch": name, "key": keys[0]})
+                continue
+            if name in pruned:
+                conflicts.append({"kind": "pruned_branch_reported", "branch": name,
+                                  "key": keys[0]})
+                continue
+            if len(cand) > 1:
+                conflicts.append({"kind": "duplicate_changed", "branch": name, "key": keys[0],
+                                  "attempt": branch.max_attempt})
+                continue
+            (content, record), = cand.items()
+            branches_out[name] = _receipt_view(record)
+            if record[R.R_STATUS] == "ok":
+                validator = defn.validators.get(record[R.R_KEY])
+                problem = validator and self._violation(branch, content, record, validator)
+                if problem:
+                    conflicts.append({"kind": "schema_violation", "branch": name,
+                                      "key": record[R.R_KEY], "detail": problem})
+                writers.setdefault(record[R.R_KEY], []).append(
+                    (name, record[R.R_VALUE_CANON], record[R.R_VALUE]))
+        for path, record in self.skips.items():
+            if defn.under.get(path):
+                branches_out[path] = _receipt_view(record)
+            else:
+                conflicts.append({"kind": "unknown_branch", "branch": path,
+                                  "key": record[R.R_KEY]})
+        values: dict[str, Any] = {}
+        conflicted_branches = {c["branch"] for c in conflicts}
+        for key, entries in writers.items():
+            if len({canon for _, canon, _ in entries}) > 1:
+                for name, _, value in entries:
+                    conflicts.append({"kind": "key_conflict", "branch": name, "key": key,
+                                      "value": value})
+            else:
+                clean = [value for name, _, value in sorted(entries)
+                         if name not in conflicted_branches]
+                if clean:
+                    values[key] = clean[0]
+        if len(self.opens) > 1:
+            conflicts.append({"kind": "open_conflict", "branch": None, "key": None,
+                              "count": len(self.opens)})
+        if len(self.contract_names) > 1:
+            conflicts.append({"kind": "contract_conflict", "branch": None, "key": None,
+                              "contracts": sorted(self.contract_names)})
+        for name in sorted(required - pruned):
+            view = branches_out.get(name)
+            if view is None:
+                missing.append(name)
+            elif view["status"] in ("error", "timeout"):
+                failed.append(name)
+        conflicts.sort(key=lambda c: (c["kind"], c["branch"] or "", c["key"] or ""))
+        opened = self.opened_at()
+        assert opened is not None
+        deadline = opened + defn.deadline_ms
+        return {
+            "join_id": self._join_id(),
+            "contract": defn.contract,
+            "run_id": self.run_id(),
+            "reason": reason,
+            "opened_at": format_ms(opened),
+            "deadline": format_ms(deadline),
+            "closed_at": format_ms(closed_at),
+            "latency_ms": closed_at - opened,
+            "required": sorted(required),
+            "optional": sorted(optional),
+            "pruned": sorted(pruned),
+            "missing": missing,
+            "failed": failed,
+            "values": dict(sorted(values.items())),
+            "branches": dict(sorted(branches_out.items())),
+            "conflicts": conflicts,
+            "counts": {"messages": self.messages,
+                       "duplicates": self.duplicates + self.dup_other,
+                       "superseded": self.superseded},
+        }
+
+    def _join_id(self) -> str:
+        for record in self._all_records():
+            return record[R.JOIN_ID]
+        raise ValueError("empty join")
+
+
+def _receipt_view(record: R.Record) -> dict[str, Any]:
+    return {"status": record[R.R_STATUS], "key": record[R.R_KEY],
+            "attempt": record[R.R_ATTEMPT], "event_time": format_ms(record[R.TIME]),
+            "value": record[R.R_VALUE], "error": record[R.R_ERROR]}
