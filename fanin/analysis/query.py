@@ -1,0 +1,243 @@
+"""Read-only SQL over an output folder (SPEC §5) with DuckDB.
+
+``open_outputs(dir)`` returns an in-memory DuckDB connection with three views, ``closes``,
+``late`` and ``dead_letter``, whose columns are exactly ``fanin.analysis.tables.schema(kind)``
+(top-level JSON-text columns ``values``, ``message``, ``source`` typed ``JSON``; timestamps
+``TIMESTAMP WITH TIME ZONE`` in a UTC session), whichever files are present:
+
+- ``DIR/<kind>/**/*.jsonl`` is parsed by Python with ``tables.to_table`` (the same conversion that
+  writes Parquet, so both formats yield identical rows) and registered as an Arrow table;
+- ``DIR/<kind>/**/*.parquet`` is scanned lazily by DuckDB after its schema was checked against
+  ``tables.schema(kind)``;
+- both are concatenated (``UNION ALL``, no dedupe); with neither, the view exists with zero rows.
+  Hidden files and folders (``.`` or ``_`` prefix: temp files, Beam's ``.temp-beam-*``) are
+  skipped, so a half-written file is never read.
+
+Read-only guarantee (defence in depth):
+
+1. Once the views exist the connection is locked down: ``allowed_paths`` is set to exactly the
+   Parquet files the views read, then ``enable_external_access = false`` (no COPY, ATTACH,
+   EXPORT, INSTALL/LOAD, file readers or writers anywhere else) and ``lock_configuration = true``
+   (no ``SET``/``PRAGMA`` can undo that); extension auto-install/auto-load are off.
+2. ``run_query`` accepts a single ``SELECT`` (including ``WITH ...``) or ``EXPLAIN`` statement
+   and refuses anything else with ``QueryRefused`` before executing it, so not even the
+   allowed Parquet files can be written.
+
+``run_query(..., out=FILE)`` writes the rendered CSV/JSON/table with Python (atomically, to
+exactly that path); DuckDB never writes a file.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import datetime as dt
+import decimal
+import io
+import json
+import os
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from fanin.analysis import tables
+from fanin.contracts.timefmt import format_ms
+
+__all__ = ["FORMATS", "QueryRefused", "open_outputs", "output_files", "render", "run_query"]
+
+FORMATS = ("table", "csv", "json")
+_ALLOWED = {duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN}
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+
+
+class QueryRefused(ValueError):
+    """The SQL is not a single read-only statement."""
+
+
+def _visible(path: Path, root: Path) -> bool:
+    return not any(part.startswith((".", "_")) for part in path.relative_to(root).parts)
+
+
+def output_files(folder: Path, suffix: str) -> list[Path]:
+    """Sorted visible ``*<suffix>`` files anywhere under ``folder`` (none if it is missing)."""
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.rglob(f"*{suffix}") if p.is_file() and _visible(p, folder))
+
+
+def _read_jsonl(kind: str, files: Sequence[Path]) -> pa.Table:
+    rows = []
+    for file in files:
+        with open(file, encoding="utf-8") as fh:
+            for number, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    rows.append(tables.to_row(kind, json.loads(line)))
+                except ValueError as exc:  # JSONDecodeError is a ValueError
+                    raise ValueError(f"{file}:{number}: {exc}") from None
+    return pa.Table.from_pylist(rows, schema=tables.schema(kind))
+
+
+def _check_parquet(kind: str, files: Sequence[Path]) -> None:
+    expected = tables.schema(kind)
+    for file in files:
+        found = pq.read_schema(file)
+        if found.remove_metadata() != expected.remove_metadata() or found.names != expected.names:
+            raise ValueError(f"{file}: Parquet schema differs from the {kind} schema")
+
+
+def _quote(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _create_view(con: duckdb.DuckDBPyConnection, kind: str, folder: Path) -> list[str]:
+    """Create view ``kind``; return the Parquet paths it reads."""
+    sch = tables.schema(kind)
+    arrow_name = f"_{kind}_jsonl"
+    con.register(arrow_name, _read_jsonl(kind, output_files(folder, ".jsonl")))
+    parquet = [str(p) for p in output_files(folder, ".parquet")]
+    _check_parquet(kind, [Path(p) for p in parquet])
+    columns = ", ".join(f'"{name}"' for name in sch.names)
+    sources = [f"SELECT {columns} FROM {arrow_name}"]
+    if parquet:
+        files = ", ".join(_quote(p) for p in parquet)
+        sources.append(f"SELECT {columns} FROM read_parquet([{files}], hive_partitioning = false)")
+    projection = ", ".join(
+        f'"{f.name}"::JSON AS "{f.name}"'
+        if (f.metadata or {}).get(b"fanin.encoding") == b"json" else f'"{f.name}"'
+        for f in sch
+    )
+    union = " UNION ALL ".join(sources)
+    con.execute(f'CREATE VIEW "{kind}" AS SELECT {projection} FROM ({union})')
+    return parquet
+
+
+def open_outputs(directory: str | os.PathLike[str]) -> duckdb.DuckDBPyConnection:
+    """Locked-down in-memory connection with views ``closes``, ``late``, ``dead_letter``.
+
+    Raises ``FileNotFoundError`` if ``directory`` is not a directory and ``ValueError`` (naming
+    ``file:line``) if an output file does not follow the layout.
+    """
+    root = Path(directory)
+    if not root.is_dir():
+        raise FileNotFoundError(f"no such output directory: {root}")
+    con = duckdb.connect(
+        ":memory:",
+        config={"autoinstall_known_extensions": False, "autoload_known_extensions": False},
+    )
+    try:
+        con.execute("SET TimeZone = 'UTC'")
+        parquet = [p for kind in tables.KINDS for p in _create_view(con, kind, root / kind)]
+        con.execute(f"SET allowed_paths = [{', '.join(_quote(p) for p in parquet)}]")
+        con.execute("SET enable_external_access = false")
+        con.execute("SET lock_configuration = true")
+    except BaseException:
+        con.close()
+        raise
+    return con
+
+
+def _check_read_only(con: duckdb.DuckDBPyConnection, sql: str) -> None:
+    statements = con.extract_statements(sql)
+    if len(statements) != 1:
+        raise QueryRefused(f"expected exactly one SQL statement, got {len(statements)}")
+    kind = statements[0].type
+    if kind not in _ALLOWED:
+        raise QueryRefused(f"only SELECT or EXPLAIN is allowed, not {kind.name}")
+
+
+def _to_json(value: Any, json_text: bool = False) -> Any:
+    """A JSON-native rendering of a DuckDB result value (times as RFC 3339 UTC)."""
+    if json_text and isinstance(value, str):
+        return json.loads(value)
+    if isinstance(value, dt.datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=dt.timezone.utc)
+        return format_ms((value - _EPOCH) // dt.timedelta(milliseconds=1))
+    if isinstance(value, (dt.date, dt.time, dt.timedelta, uuid.UUID)):
+        return str(value)
+    if isinstance(value, decimal.Decimal):
+        return int(value) if value == value.to_integral_value() else float(value)
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return base64.b64encode(bytes(value)).decode("ascii")
+    if isinstance(value, dict):
+        return {str(k): _to_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_to_json(v) for v in value]
+    return value
+
+
+def _cell(value: Any, null: str) -> str:
+    value = _to_json(value)
+    if value is None:
+        return null
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def render(names: Sequence[str], types: Sequence[str], rows: Sequence[tuple], fmt: str) -> str:
+    """Render a result as ``table`` (aligned text), ``csv`` (RFC 4180) or ``json`` (array)."""
+    if fmt == "json":
+        flags = [t == "JSON" for t in types]
+        objs = [
+            {n: _to_json(v, f) for n, v, f in zip(names, row, flags, strict=True)} for row in rows
+        ]
+        return json.dumps(objs, ensure_ascii=False, indent=2) + "\n"
+    if fmt == "csv":
+        buf = io.StringIO()
+        writer = csv.writer(buf, lineterminator="\n")
+        writer.writerow(names)
+        writer.writerows([_cell(v, "") for v in row] for row in rows)
+        return buf.getvalue()
+    if fmt == "table":
+        cells = [list(names)] + [[_cell(v, "NULL") for v in row] for row in rows]
+        widths = [max(len(r[i]) for r in cells) for i in range(len(names))]
+        lines = [
+            " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells
+        ]
+        lines.insert(1, "-+-".join("-" * w for w in widths))
+        return "\n".join(lines) + f"\n({len(rows)} row{'s' if len(rows) != 1 else ''})\n"
+    raise ValueError(f"unknown format {fmt!r}; expected one of {FORMATS}")
+
+
+def _write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def run_query(
+    directory: str | os.PathLike[str],
+    sql: str,
+    fmt: str = "table",
+    out: str | os.PathLike[str] | None = None,
+) -> str:
+    """Run one read-only statement over the outputs in ``directory`` and return it rendered.
+
+    With ``out`` the text is also written (atomically, by Python) to exactly that path.
+    Raises ``QueryRefused`` for a non-read-only statement, ``duckdb.Error`` for bad SQL, plus
+    the errors of ``open_outputs``.
+    """
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown format {fmt!r}; expected one of {FORMATS}")
+    con = open_outputs(directory)
+    try:
+        _check_read_only(con, sql)
+        cursor = con.execute(sql)
+        description = cursor.description or []
+        rows = cursor.fetchall() if description else []
+    finally:
+        con.close()
+    text = render([d[0] for d in description], [str(d[1]) for d in description], rows, fmt)
+    if out is not None:
+        _write_text(Path(out), text)
+    return text

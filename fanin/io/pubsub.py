@@ -1,0 +1,359 @@
+"""Pub/Sub input and output for Fanin pipelines, and a file publisher for feeding a topic.
+
+- ``ReadMessages``: a streaming source of ``(data, source)`` pairs, one per Pub/Sub message.
+- ``PublishJson``: a sink that publishes dicts (closes, late records...) as compact JSON.
+- ``publish_file``: publishes every non-empty line of a newline-delimited file, counting
+  failures; the ``fanin publish`` subcommand (``fanin.io.cli``) wraps it.
+
+Element timestamps. ``ReadMessages`` does not hand ``timestamp_attribute`` to
+``ReadFromPubSub``: on Beam 2.77's local runner a message whose attribute is neither epoch
+milliseconds nor RFC 3339 makes the read raise ``ValueError('Bad timestamp value: ...')``
+before the pull is acknowledged, so the pipeline fails and the message is redelivered to the
+next run, which fails again (a poison message). Instead it reads with attributes and stamps each
+element itself: the attribute's time if it parses (epoch milliseconds, or RFC 3339 truncated to
+milliseconds, years 0001-9999), otherwise the publish time (the timestamp the source assigns when
+it has no timestamp attribute). Consequence on every runner: the source's watermark follows
+publish time, not the attribute, so messages whose event time is older than their publish time
+arrive behind the watermark; Fanin's stateful join in the global window handles such messages
+itself (SPEC §4), and nothing is dropped by this transform.
+"""
+
+from __future__ import annotations
+
+import calendar
+import datetime
+import json
+import re
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import apache_beam as beam
+from apache_beam.io.gcp.pubsub import (
+    PubsubMessage,
+    ReadFromPubSub,
+    WriteToPubSub,
+    parse_subscription,
+    parse_topic,
+)
+from apache_beam.transforms.window import TimestampedValue
+from apache_beam.utils.timestamp import Timestamp
+
+from fanin.contracts.timefmt import MAX_MS, MIN_MS, format_ms, parse_rfc3339
+
+__all__ = [
+    "PublishFailure",
+    "PublishJson",
+    "PublishSummary",
+    "ReadMessages",
+    "parse_event_time_ms",
+    "publish_file",
+    "validate_topic_path",
+]
+
+# Pub/Sub attribute values are limited to 1024 bytes.
+_MAX_ATTRIBUTE_BYTES = 1024
+# publish_file keeps at most this many unresolved publish futures (bounded memory).
+_MAX_PENDING = 1000
+_EPOCH_MILLIS = re.compile(r"-?\d{1,18}\Z")
+# Project ids as Beam's parse_topic accepts them; topic names as Pub/Sub documents them.
+_TOPIC_PATH = re.compile(
+    r"projects/[a-z][-a-z0-9:.]{4,61}[a-z0-9]/topics/[A-Za-z][-A-Za-z0-9_.~+%]{2,254}\Z"
+)
+
+
+def validate_topic_path(topic: str) -> str:
+    """Return ``topic`` if it is ``projects/PROJECT/topics/TOPIC``; else raise ``ValueError``."""
+    if not _TOPIC_PATH.match(topic) or topic.split("/")[3].startswith("goog"):
+        raise ValueError(
+            f"malformed topic path {topic!r}: expected projects/PROJECT/topics/TOPIC"
+        )
+    return topic
+
+
+def parse_event_time_ms(value: str | None) -> int | None:
+    """Epoch milliseconds of a timestamp attribute, or ``None`` if absent or unparseable.
+
+    Accepts what ``ReadFromPubSub``'s ``timestamp_attribute`` accepts: an integer number of epoch
+    milliseconds, or RFC 3339 (truncated to whole milliseconds). Instants outside years
+    0001-9999 count as unparseable. Never raises.
+    """
+    if value is None:
+        return None
+    if _EPOCH_MILLIS.match(value):
+        millis = int(value)
+        return millis if MIN_MS <= millis <= MAX_MS else None
+    try:
+        return parse_rfc3339(value)
+    except ValueError:
+        return None
+
+
+def _publish_time_rfc3339(publish_time: datetime.datetime | None) -> str | None:
+    if publish_time is None:
+        return None
+    if publish_time.tzinfo is None:
+        publish_time = publish_time.replace(tzinfo=datetime.timezone.utc)
+    seconds = calendar.timegm(publish_time.utctimetuple())
+    return format_ms(seconds * 1000 + publish_time.microsecond // 1000)
+
+
+class _ToRecord(beam.DoFn):
+    """PubsubMessage -> (data, source), re-stamped from the timestamp attribute when valid."""
+
+    def __init__(self, source_kind: str, source_name: str, timestamp_attribute: str | None):
+        self._source_kind = source_kind
+        self._source_name = source_name
+        self._timestamp_attribute = timestamp_attribute
+
+    def process(self, message: PubsubMessage):
+        attributes = dict(message.attributes or {})
+        source = {
+            "kind": "pubsub",
+            self._source_kind: self._source_name,
+            "message_id": message.message_id or None,
+            "publish_time": _publish_time_rfc3339(message.publish_time),
+            "attributes": attributes,
+        }
+        record = (message.data or b"", source)
+        event_ms = (
+            parse_event_time_ms(attributes.get(self._timestamp_attribute))
+            if self._timestamp_attribute
+            else None
+        )
+        if event_ms is None:
+            # Keep the source's timestamp: the publish time.
+            yield record
+        else:
+            yield TimestampedValue(record, Timestamp(micros=event_ms * 1000))
+
+
+def _on_dataflow(pipeline: beam.Pipeline) -> bool:
+    from apache_beam.runners.dataflow.dataflow_runner import DataflowRunner
+
+    return isinstance(pipeline.runner, DataflowRunner)
+
+
+class ReadMessages(beam.PTransform):
+    """Read Pub/Sub messages as ``(data: bytes, source: dict)`` pairs (streaming only).
+
+    Exactly one of ``subscription`` (``projects/P/subscriptions/S``) or ``topic``
+    (``projects/P/topics/T``; the runner then creates a temporary subscription, so only messages
+    published after the pipeline starts are read) must be given; otherwise, or for a malformed
+    path, the constructor raises ``ValueError``.
+
+    ``source`` is ``{"kind": "pubsub", "subscription" | "topic": <path>, "message_id": str | None,
+    "publish_time": RFC 3339 UTC with milliseconds | None, "attributes": {str: str}}``.
+
+    Timestamps: an element is stamped with its ``timestamp_attribute`` (default ``event_time``)
+    when that attribute holds epoch milliseconds or RFC 3339, else with its publish time; a
+    missing or bad attribute never fails the pipeline (see the module docstring for why this is
+    not delegated to ``ReadFromPubSub``). ``timestamp_attribute=None`` always uses publish time.
+
+    Deduplication: Pub/Sub delivers at least once. ``id_label`` (an attribute carrying a
+    publisher-chosen unique id) is passed to ``ReadFromPubSub`` only when the pipeline runs on
+    Dataflow, whose source then drops redeliveries; Beam's local runners do not implement it, so
+    on any other runner ``id_label`` raises ``NotImplementedError`` when the transform is applied
+    rather than silently not deduplicating. Without it, duplicates reach the join, whose reducer
+    counts identical receipts as duplicates (SPEC §3).
+    """
+
+    def __init__(
+        self,
+        subscription: str | None = None,
+        topic: str | None = None,
+        timestamp_attribute: str | None = "event_time",
+        id_label: str | None = None,
+    ) -> None:
+        super().__init__()
+        if (subscription is None) == (topic is None):
+            raise ValueError("ReadMessages needs exactly one of subscription= or topic=")
+        if subscription is not None:
+            parse_subscription(subscription)
+        else:
+            parse_topic(topic)
+        self._subscription = subscription
+        self._topic = topic
+        self._timestamp_attribute = timestamp_attribute
+        self._id_label = id_label
+
+    def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection:
+        if self._id_label is not None and not _on_dataflow(pbegin.pipeline):
+            raise NotImplementedError(
+                f"ReadMessages(id_label={self._id_label!r}) needs the Dataflow runner; "
+                f"{type(pbegin.pipeline.runner).__name__} does not deduplicate by id_label. "
+                "Drop id_label: the join's reducer counts redelivered receipts as duplicates."
+            )
+        if self._subscription is not None:
+            kind, name = "subscription", self._subscription
+        else:
+            kind, name = "topic", self._topic
+        return (
+            pbegin
+            | "ReadFromPubSub"
+            >> ReadFromPubSub(
+                subscription=self._subscription,
+                topic=self._topic,
+                id_label=self._id_label,
+                with_attributes=True,
+            )
+            | "ToRecord"
+            >> beam.ParDo(_ToRecord(kind, name, self._timestamp_attribute)).with_output_types(
+                tuple[bytes, dict[str, Any]]
+            )
+        )
+
+
+def _default_attributes(obj: Mapping[str, Any]) -> dict[str, str]:
+    join_id = obj.get("join_id")
+    return {"join_id": join_id} if isinstance(join_id, str) and join_id else {}
+
+
+def _to_pubsub_message(
+    obj: Mapping[str, Any],
+    attributes_fn: Callable[[Mapping[str, Any]], Mapping[str, str]] | None,
+) -> PubsubMessage:
+    data = json.dumps(obj, separators=(",", ":"), allow_nan=False).encode("utf-8")
+    attributes = _default_attributes(obj)
+    if attributes_fn is not None:
+        attributes.update(attributes_fn(obj))
+    for key, value in attributes.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise TypeError(f"Pub/Sub attributes must be str -> str, got {key!r}: {value!r}")
+    return PubsubMessage(data, attributes)
+
+
+class PublishJson(beam.PTransform):
+    """Publish each input dict to ``topic`` as one compact JSON message.
+
+    Data: ``json.dumps`` with no spaces and ASCII escapes (valid UTF-8 whatever the strings
+    hold; NaN and Infinity raise ``ValueError``, since they are not JSON). Attributes: ``join_id``
+    when the dict has a non-empty string ``join_id``, updated with ``attributes_fn(obj)`` if
+    given; a non-str attribute key or value raises ``TypeError``. Writing uses
+    ``WriteToPubSub(with_attributes=True)``, which publishes and waits for each bundle's messages
+    at the end of the bundle (at least once: a retried bundle publishes again).
+    """
+
+    def __init__(
+        self,
+        topic: str,
+        attributes_fn: Callable[[Mapping[str, Any]], Mapping[str, str]] | None = None,
+    ) -> None:
+        super().__init__()
+        parse_topic(topic)
+        self._topic = topic
+        self._attributes_fn = attributes_fn
+
+    def expand(self, pcoll: beam.PCollection) -> beam.pvalue.PDone:
+        attributes_fn = self._attributes_fn
+        return (
+            pcoll
+            | "ToPubsubMessage"
+            >> beam.Map(_to_pubsub_message, attributes_fn).with_output_types(PubsubMessage)
+            | "WriteToPubSub" >> WriteToPubSub(self._topic, with_attributes=True)
+        )
+
+
+@dataclass(frozen=True)
+class PublishFailure:
+    """One line that could not be published: its 1-based line number and the error text."""
+
+    line: int
+    error: str
+
+
+@dataclass(frozen=True)
+class PublishSummary:
+    """Outcome of ``publish_file``: every non-empty line is counted in ``sent`` or ``failed``."""
+
+    sent: int
+    failed: int
+    errors: tuple[PublishFailure, ...] = ()
+
+
+def _line_attributes(line: bytes) -> dict[str, str]:
+    """``event_time`` (the open's ``opened_at``, a receipt's ``event_time``) and ``message_id``."""
+    try:
+        obj = json.loads(line)
+    except (ValueError, RecursionError):
+        return {}
+    if not isinstance(obj, dict):
+        return {}
+    names = ("opened_at", "event_time") if obj.get("kind") == "open" else ("event_time", "opened_at")
+    candidates = {
+        "event_time": next((obj[n] for n in names if isinstance(obj.get(n), str)), None),
+        "message_id": obj.get("message_id"),
+    }
+    attributes = {}
+    for key, value in candidates.items():
+        try:
+            fits = isinstance(value, str) and 0 < len(value.encode("utf-8")) <= _MAX_ATTRIBUTE_BYTES
+        except UnicodeEncodeError:  # a lone surrogate from a JSON escape
+            fits = False
+        if fits:
+            attributes[key] = value
+    return attributes
+
+
+def publish_file(
+    topic: str,
+    path: str,
+    progress: Callable[[int, int], None] | None = None,
+) -> PublishSummary:
+    """Publish every non-empty line of ``path`` to ``topic`` and wait until each is settled.
+
+    Each line (bytes, without its line ending; lines that are empty or only whitespace are
+    skipped) becomes one message's data, unchanged, so invalid lines still reach the pipeline's
+    dead-letter output. Attributes: ``event_time`` from the line's ``event_time`` (for
+    ``"kind": "open"``, its ``opened_at``), falling back to the other field, when the line is a
+    JSON object with such a string field; ``message_id`` when it has a string one. Attribute
+    values over Pub/Sub's 1024-byte limit are left out rather than failing the message.
+
+    Uses ``google.cloud.pubsub_v1.PublisherClient`` (which honours ``PUBSUB_EMULATOR_HOST``)
+    with at most 1000 unsettled messages at a time. ``progress(sent, failed)``, if given, is
+    called in the caller's thread after each message settles. Publishing errors never raise:
+    each failed line is counted and listed in ``errors`` with its line number. A malformed topic
+    path raises ``ValueError`` and a missing file ``OSError`` before anything is published.
+    """
+    from google.cloud import pubsub_v1
+
+    validate_topic_path(topic)
+    sent = 0
+    errors: list[PublishFailure] = []
+    pending: deque[tuple[int, Any]] = deque()
+
+    def settled(line_no: int, error: Exception | None) -> None:
+        nonlocal sent
+        if error is None:
+            sent += 1
+        else:
+            errors.append(PublishFailure(line_no, f"{type(error).__name__}: {error}"))
+        if progress is not None:
+            progress(sent, len(errors))
+
+    def settle_oldest() -> None:
+        line_no, future = pending.popleft()
+        settled(line_no, future.exception())
+
+    with open(path, "rb") as lines:
+        client = pubsub_v1.PublisherClient()
+        try:
+            for line_no, raw in enumerate(lines, start=1):
+                line = raw.rstrip(b"\r\n")
+                if not line.strip():
+                    continue
+                try:
+                    future = client.publish(topic, line, **_line_attributes(line))
+                except Exception as exc:  # refused before sending, e.g. over the size limit
+                    settled(line_no, exc)
+                    continue
+                pending.append((line_no, future))
+                if len(pending) > _MAX_PENDING:
+                    settle_oldest()
+            while pending:
+                settle_oldest()
+        finally:
+            client.stop()
+            client.transport.close()
+    return PublishSummary(sent, len(errors), tuple(errors))

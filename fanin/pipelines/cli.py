@@ -1,0 +1,128 @@
+"""The ``fanin`` command line.
+
+Guarantees:
+- Bad use (unknown option, missing input, unreadable contracts file, invalid value) prints one
+  line ``fanin: error: ...`` on stderr and exits with code 2; never a traceback.
+- ``fanin run`` passes every option it does not know to Beam (``--runner``,
+  ``--direct_num_workers``, ``--direct_running_mode``, Dataflow options, ...).
+- The runner is always explicit (see ``pipelines.pipeline.choose_runner``) and is logged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+
+__all__ = ["main"]
+
+# Modules that add a subcommand with ``add_subcommand(subparsers)``.
+_PLUGINS = ("fanin.fleet.cli", "fanin.io.cli", "fanin.analysis.cli")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2
+        self.exit(2, f"fanin: error: {message.splitlines()[0]}\n")
+
+
+def _add_run(subparsers: argparse._SubParsersAction) -> None:
+    run = subparsers.add_parser(
+        "run", help="run the join pipeline", description="Run the Fanin join pipeline. "
+        "Options not listed here are passed to Apache Beam.")
+    src = run.add_argument_group("input")
+    src.add_argument("--input", action="append", default=[], metavar="GLOB",
+                     help="newline-delimited JSON file(s); repeatable; any Beam filesystem")
+    src.add_argument("--subscription", help="Pub/Sub subscription projects/P/subscriptions/S")
+    src.add_argument("--topic", help="Pub/Sub topic projects/P/topics/T (a subscription is made)")
+    src.add_argument("--replay", action="store_true",
+                     help="replay --input as a stream, in file order")
+    src.add_argument("--max-disorder-s", type=float, default=0.0,
+                     help="replay watermark trails the largest event time by this (seconds)")
+    run.add_argument("--output", required=True, metavar="DIR")
+    run.add_argument("--contracts", metavar="FILE", help="YAML contracts file")
+    run.add_argument("--format", action="append", choices=("jsonl", "parquet"),
+                     help="output format; repeat for both (default jsonl)")
+    joins = run.add_argument_group("join defaults (for what opens and contracts leave out)")
+    joins.add_argument("--deadline-s", type=float, default=30.0)
+    joins.add_argument("--allow-partial", action=argparse.BooleanOptionalAction, default=False)
+    joins.add_argument("--fail-fast", action=argparse.BooleanOptionalAction, default=False)
+    joins.add_argument("--close-trigger", choices=("eager", "watermark"), default="eager")
+    joins.add_argument("--retention-s", type=float, default=604800.0)
+    limits = run.add_argument_group("limits")
+    limits.add_argument("--max-bytes", type=int, default=256 * 1024,
+                        help="largest message accepted, in bytes")
+    limits.add_argument("--max-messages-per-join", type=int, default=100_000)
+    limits.add_argument("--window-s", type=float, default=60.0,
+                        help="streaming: event-time window of output files")
+    limits.add_argument("--shards", type=int, default=1, help="files per output per window")
+    run.add_argument("--log-closes", action="store_true",
+                     help="log one structured event per close (fanin.close logger)")
+    run.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace, beam_args: Sequence[str]) -> int:
+    from fanin.contracts.catalog import ContractsError, JoinDefaults
+    from fanin.pipelines.pipeline import ConfigError, RunConfig, run_pipeline
+
+    logging.getLogger("fanin.close").setLevel(logging.INFO if args.log_closes else logging.WARNING)
+    try:
+        defaults = JoinDefaults(args.deadline_s, args.allow_partial, args.fail_fast,
+                                args.close_trigger, args.retention_s)
+        config = RunConfig(
+            output=args.output, inputs=args.input, contracts_path=args.contracts,
+            defaults=defaults, formats=tuple(args.format or ("jsonl",)), replay=args.replay,
+            max_disorder_s=args.max_disorder_s, max_bytes=args.max_bytes,
+            max_messages_per_join=args.max_messages_per_join, window_s=args.window_s,
+            shards=args.shards, subscription=args.subscription, topic=args.topic)
+        result = run_pipeline(config, beam_args)
+    except (ConfigError, ContractsError, FileNotFoundError, ValueError) as exc:
+        print(f"fanin: error: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return 2
+    _summary(result, args.output)
+    return 0
+
+
+def _summary(result: object, output: str) -> None:
+    try:
+        counters = result.metrics().query()["counters"]  # type: ignore[attr-defined]
+    except Exception:  # runners without metrics support
+        counters = []
+    totals: dict[str, int] = {}
+    for counter in counters:
+        name = counter.key.metric.name
+        group = name.split(".", 1)[0]
+        totals[group] = totals.get(group, 0) + counter.committed
+    parts = [f"{name}={totals.get(name, 0)}" for name in
+             ("messages", "closes", "late", "dead_letter")]
+    print(f"fanin: done: {' '.join(parts)}; outputs in {output}/"
+          "{closes,late,dead_letter}/", file=sys.stderr)
+
+
+def _parser() -> _Parser:
+    parser = _Parser(prog="fanin", description="Fan-in joins for agent graphs on Apache Beam.")
+    subparsers = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    _add_run(subparsers)
+    for module in _PLUGINS:
+        try:
+            importlib.import_module(module).add_subcommand(subparsers)
+        except ModuleNotFoundError:
+            continue
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
+    logging.getLogger("fanin").setLevel(logging.INFO)
+    parser = _parser()
+    args, rest = parser.parse_known_args(argv)
+    if args.command != "run" and rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if args.command == "run":
+        return args.func(args, rest)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

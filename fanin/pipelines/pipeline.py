@@ -1,0 +1,146 @@
+"""Assembling the Fanin pipeline: read -> parse -> key -> join -> write.
+
+Guarantees:
+- ``RunConfig.validate`` refuses bad settings with one clear ``ConfigError`` line.
+- ``build`` wires stable, documented transform labels (``Read``, ``Parse``, ``Join``,
+  ``Write/closes``, ``Write/late``, ``Write/dead_letter``, ``Write/parse_dead_letter``) so a
+  Dataflow update keeps matching them (``tests/test_transform_names.py``).
+- ``choose_runner`` always names a runner explicitly, so no run tries to download Prism:
+  bounded file input -> ``FnApiRunner``; ``--replay`` and Pub/Sub -> ``BundleBasedDirectRunner``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import apache_beam as beam
+from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+
+from fanin.contracts.catalog import Catalog, JoinDefaults, load_contracts
+from fanin.contracts.parsing import DEFAULT_MAX_BYTES
+from fanin.transforms.join import JoinRecords
+from fanin.transforms.outcomes import CLOSES, DEAD_LETTER, LATE
+from fanin.transforms.parse import ParseMessages
+from fanin.transforms.read import ReadNumberedLines, expand_inputs, numbered_lines
+from fanin.transforms.replay import build_replay
+from fanin.transforms.write import FORMATS, WriteOutput
+
+__all__ = ["ConfigError", "RunConfig", "build", "choose_runner", "run_pipeline"]
+
+_LOG = logging.getLogger("fanin")
+
+
+class ConfigError(ValueError):
+    """A setting is invalid; the message is one line for the user."""
+
+
+@dataclass
+class RunConfig:
+    """Everything ``fanin run`` needs besides Beam's own options."""
+
+    output: str
+    inputs: Sequence[str] = ()
+    contracts_path: str | None = None
+    defaults: JoinDefaults = field(default_factory=JoinDefaults)
+    formats: Sequence[str] = ("jsonl",)
+    replay: bool = False
+    max_disorder_s: float = 0.0
+    max_bytes: int = DEFAULT_MAX_BYTES
+    max_messages_per_join: int = 100_000
+    window_s: float = 60.0
+    shards: int = 1
+    subscription: str | None = None
+    topic: str | None = None
+
+    def validate(self) -> None:
+        if not self.output:
+            raise ConfigError("--output is required")
+        sources = bool(self.inputs) + bool(self.subscription) + bool(self.topic)
+        if sources != 1:
+            raise ConfigError("give exactly one of --input, --subscription, --topic")
+        if self.replay and not self.inputs:
+            raise ConfigError("--replay replays --input files")
+        if self.max_disorder_s < 0:
+            raise ConfigError("--max-disorder-s must be >= 0")
+        if self.max_bytes <= 0 or self.max_messages_per_join < 1:
+            raise ConfigError("--max-bytes and --max-messages-per-join must be >= 1")
+        if self.window_s <= 0 or self.shards < 1:
+            raise ConfigError("--window-s must be > 0 and --shards >= 1")
+        if not self.formats or set(self.formats) - set(FORMATS):
+            raise ConfigError(f"--format must be one or more of {', '.join(FORMATS)}")
+
+    @property
+    def streaming(self) -> bool:
+        return self.replay or bool(self.subscription or self.topic)
+
+
+def choose_runner(config: RunConfig, options: PipelineOptions) -> str:
+    """The runner to use: the user's ``--runner`` if given, else the right local runner."""
+    chosen = options.view_as(StandardOptions).runner
+    if chosen:
+        return chosen
+    return "BundleBasedDirectRunner" if config.streaming else "FnApiRunner"
+
+
+def _catalog(config: RunConfig) -> Catalog:
+    contracts = load_contracts(config.contracts_path) if config.contracts_path else {}
+    return Catalog(contracts, config.defaults)
+
+
+def _horizon_ms(catalog: Catalog) -> int:
+    deadlines = [catalog.defaults.deadline_s] + [
+        c.deadline_s for c in catalog.contracts.values() if c.deadline_s]
+    retentions = [catalog.defaults.retention_s] + [
+        c.retention_s for c in catalog.contracts.values() if c.retention_s is not None]
+    return int((max(deadlines) + max(retentions)) * 1000) + 1
+
+
+def build(p: beam.Pipeline, config: RunConfig, catalog: Catalog) -> dict[str, beam.PCollection]:
+    """Add the whole job to ``p``; returns the joined outputs by name (for tests)."""
+    if config.replay:
+        paths = expand_inputs(config.inputs)
+        lines = [item for path in paths for item in numbered_lines(path)]
+        raw = p | "Read" >> build_replay(lines, config.max_disorder_s, _horizon_ms(catalog))
+    elif config.inputs:
+        raw = p | "Read" >> ReadNumberedLines(expand_inputs(config.inputs))
+    else:
+        from fanin.io.pubsub import ReadMessages
+
+        raw = p | "Read" >> ReadMessages(subscription=config.subscription, topic=config.topic)
+    parsed = raw | "Parse" >> ParseMessages(frozenset(catalog.contracts), config.max_bytes)
+    joined = parsed.records | "Join" >> JoinRecords(catalog, config.streaming,
+                                                    config.max_messages_per_join)
+    outputs = {CLOSES: joined[CLOSES], LATE: joined[LATE],
+               DEAD_LETTER: (joined[DEAD_LETTER], parsed[DEAD_LETTER])
+               | "MergeDeadLetters" >> beam.Flatten()}
+    for kind, pcoll in outputs.items():
+        folder = os.path.join(config.output, kind) if "://" not in config.output \
+            else f"{config.output.rstrip('/')}/{kind}"
+        pcoll | f"Write/{kind}" >> WriteOutput(folder, kind, config.formats, config.streaming,
+                                               config.window_s, config.shards)
+    return outputs
+
+
+def run_pipeline(config: RunConfig, beam_args: Sequence[str]) -> beam.runners.runner.PipelineResult:
+    """Validate, build and run the job; blocks until a bounded run finishes."""
+    config.validate()
+    catalog = _catalog(config)
+    options = PipelineOptions(list(beam_args))
+    runner = choose_runner(config, options)
+    standard = options.view_as(StandardOptions)
+    standard.runner = runner
+    if config.streaming:
+        standard.streaming = True
+    if "://" not in config.output:
+        for kind in (CLOSES, LATE, DEAD_LETTER):
+            os.makedirs(os.path.join(config.output, kind), exist_ok=True)
+    _LOG.info("fanin: runner %s, %s input", runner,
+              "streaming" if config.streaming else "bounded")
+    p = beam.Pipeline(options=options)
+    build(p, config, catalog)
+    result = p.run()
+    result.wait_until_finish()
+    return result

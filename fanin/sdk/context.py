@@ -1,0 +1,97 @@
+"""The join context: what a fan-out hands to each of its branches (SPEC §1 "join context").
+
+Guarantees:
+- A ``JoinContext`` is immutable and carries exactly the fields every message of the join
+  repeats: ``join_id`` (non-empty, at most 256 characters), ``opened_at`` (RFC 3339 UTC with
+  milliseconds), ``contract`` and ``run_id`` (strings or ``None``).
+- ``to_dict``/``from_dict`` and ``to_json``/``from_json`` round-trip exactly, so a context can
+  cross process boundaries (task queues, HTTP headers, environment variables).
+- ``from_dict``/``from_json`` validate: a missing or mistyped field raises ``ValueError`` naming
+  the field; unknown fields are refused, so a typo does not silently drop data.
+- ``JoinContext.new`` generates a random, unique ``join_id`` (UUID4 hex) unless one is given.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from fanin.contracts.timefmt import format_ms, parse_rfc3339
+
+__all__ = ["MAX_JOIN_ID_LENGTH", "Clock", "JoinContext", "now_rfc3339"]
+
+MAX_JOIN_ID_LENGTH = 256
+
+Clock = Callable[[], float]
+"""A wall clock returning seconds since the Unix epoch, like ``time.time``."""
+
+
+def now_rfc3339(clock: Clock = time.time) -> str:
+    """The clock's current time as RFC 3339 UTC with milliseconds (truncated)."""
+    return format_ms(int(clock() * 1000))
+
+
+_FIELDS = ("join_id", "opened_at", "contract", "run_id")
+
+
+@dataclass(frozen=True)
+class JoinContext:
+    """Identity of one join, created at fan-out and passed to every branch."""
+
+    join_id: str
+    opened_at: str
+    contract: str | None = None
+    run_id: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.join_id, str) or not 1 <= len(self.join_id) <= MAX_JOIN_ID_LENGTH:
+            raise ValueError(f"join_id must be a string of 1-{MAX_JOIN_ID_LENGTH} characters")
+        if not isinstance(self.opened_at, str):
+            raise ValueError("opened_at must be an RFC 3339 string")
+        try:
+            parse_rfc3339(self.opened_at)
+        except ValueError as exc:
+            raise ValueError(f"opened_at {self.opened_at!r}: {exc}") from None
+        for name in ("contract", "run_id"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                raise ValueError(f"{name} must be a string or None")
+        if self.contract == "":
+            raise ValueError("contract must be a non-empty string or None")
+
+    @classmethod
+    def new(cls, contract: str | None = None, run_id: str | None = None, *,
+            join_id: str | None = None, clock: Clock = time.time) -> JoinContext:
+        """Open a new join now (per ``clock``); ``join_id`` defaults to a fresh UUID4 hex."""
+        return cls(join_id=join_id if join_id is not None else uuid.uuid4().hex,
+                   opened_at=now_rfc3339(clock), contract=contract, run_id=run_id)
+
+    def to_dict(self) -> dict[str, Any]:
+        """All four fields (``None`` included), JSON-ready."""
+        return {name: getattr(self, name) for name in _FIELDS}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> JoinContext:
+        """Inverse of ``to_dict``; ``contract``/``run_id`` may be absent (``None``)."""
+        if not isinstance(data, Mapping):
+            raise ValueError("a join context must be a JSON object")
+        unknown = set(data) - set(_FIELDS)
+        if unknown:
+            raise ValueError(f"unknown join context field(s): {sorted(unknown)}")
+        for name in ("join_id", "opened_at"):
+            if name not in data:
+                raise ValueError(f"join context lacks field {name!r}")
+        return cls(**{name: data.get(name) for name in _FIELDS})
+
+    def to_json(self) -> str:
+        """Compact JSON text of ``to_dict``."""
+        return json.dumps(self.to_dict(), separators=(",", ":"), ensure_ascii=False)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> JoinContext:
+        """Inverse of ``to_json``; invalid JSON raises ``ValueError``."""
+        return cls.from_dict(json.loads(text))

@@ -1,0 +1,272 @@
+"""Beam composites that join records by ``join_id``: a bounded plan and a streaming plan.
+
+``JoinRecords(catalog, streaming=...)`` takes ``(join_id, record)`` and returns a
+``DoOutputsTuple`` with ``closes``, ``late`` and ``dead_letter`` outputs.
+
+- Bounded (``streaming=False``): ``GroupByKey`` then the closing decision over all of a join's
+  records at once. This is the exact event-time result of SPEC §4 and the fastest plan on the
+  local runner (BEAM-NOTES); ``tests/test_parity.py`` proves it equals the streaming plan.
+- Streaming (``streaming=True``): ``JoinDoFn``, a stateful DoFn in the global window. See its
+  docstring for what it guarantees.
+
+Metrics (namespace ``fanin``): ``closes.<reason>``, ``late.<reason>``,
+``dead_letter.<error>``, distribution ``close.latency_ms``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import apache_beam as beam
+from apache_beam import pvalue
+from apache_beam.coders import coders
+from apache_beam.metrics import Metrics
+from apache_beam.transforms import userstate
+from apache_beam.transforms.timeutil import TimeDomain
+from apache_beam.transforms.window import GlobalWindow
+from apache_beam.utils.timestamp import Timestamp
+
+from fanin.contracts import records as R
+from fanin.contracts.catalog import Catalog
+from fanin.transforms.closing import Closed, Pending, Undefined, decide, decide_all, late_reason
+from fanin.transforms.outcomes import (
+    CLOSES,
+    DEAD_LETTER,
+    LATE,
+    closed_outputs,
+    late_object,
+    log_close,
+    rejected_outputs,
+)
+from fanin.transforms.reducer import JoinReducer
+
+__all__ = ["JoinDoFn", "JoinRecords"]
+
+_UNDEFINED = ("no required branches from the open, its contract or the defaults by the "
+              "deadline")
+_TOO_LARGE = "the join holds max_messages_per_join messages already"
+_MAX_TS_MS = GlobalWindow().max_timestamp().micros // 1000 - 1
+
+
+def _emit(outputs: Iterable[tuple[str, dict[str, Any]]]) -> Iterator[Any]:
+    for tag, obj in outputs:
+        if tag == CLOSES:
+            Metrics.counter("fanin", f"closes.{obj['reason']}").inc()
+            Metrics.distribution("fanin", "close.latency_ms").update(obj["latency_ms"])
+            log_close(obj)
+            yield obj
+        else:
+            key = obj["reason"] if tag == LATE else obj["error"]
+            Metrics.counter("fanin", f"{tag}.{key}").inc()
+            yield pvalue.TaggedOutput(tag, obj)
+
+
+def _bounded(element: tuple[str, Iterable[R.Record]], catalog: Catalog,
+             max_messages: int) -> Iterator[Any]:
+    _, grouped = element
+    records = list(grouped)
+    if len(records) > max_messages:
+        records.sort(key=lambda r: (r[R.TIME], r[R.RAW]))
+        yield from _emit(rejected_outputs(records[max_messages:], "join_too_large", _TOO_LARGE))
+        records = records[:max_messages]
+    closed, rejected = decide_all(records, catalog)
+    yield from _emit(rejected_outputs(rejected, "undefined_join", _UNDEFINED))
+    if closed is not None:
+        yield from _emit(closed_outputs(closed))
+
+
+class JoinDoFn(beam.DoFn):
+    """The streaming join: per ``join_id`` state in the global window, event-time timers.
+
+    State: ``MSGS`` (bag of the join's records), ``META`` (``(epoch, count, horizon, wake,
+    tombstone)``). Timers: ``DECIDE`` (event time: the next time the closing decision must be
+    re-asked) and ``EXPIRE`` (event time: tombstone end ``D + retention``).
+
+    Guarantees:
+    - ``eager`` joins close in ``process`` the moment the records received make them closable;
+      ``watermark`` joins close when the watermark passes the close time. Deadline closes fire
+      when the watermark passes ``D`` (timers are set 1 ms after the time they decide, so a
+      record with event time exactly ``D`` is still included).
+    - A join closes at most once while its tombstone lives (until the watermark passes
+      ``D + retention_s``). Records for a tombstoned join go to ``late``.
+    - Every record received ends in exactly one output: in a close's ``counts.messages``, in
+      ``late`` or in ``dead_letter`` (undefined joins, or beyond ``max_messages_per_join``).
+    - The order-independent reducer over the received records is cached per worker (LRU,
+      validated against the state's epoch and count), so each arrival costs O(1) amortised;
+      the cache is only an accelerator: state is the truth, a miss rebuilds from the bag.
+    """
+
+    MSGS = userstate.BagStateSpec("msgs", coders.FastPrimitivesCoder())
+    META = userstate.ReadModifyWriteStateSpec("meta", coders.FastPrimitivesCoder())
+    DECIDE = userstate.TimerSpec("decide", TimeDomain.WATERMARK)
+    EXPIRE = userstate.TimerSpec("expire", TimeDomain.WATERMARK)
+
+    def __init__(self, catalog: Catalog, max_messages: int, cache_size: int = 20_000) -> None:
+        self._catalog = catalog
+        self._max_messages = max_messages
+        self._cache_size = cache_size
+        self._cache: OrderedDict[str, tuple[int, int, JoinReducer]] = OrderedDict()
+
+    def setup(self) -> None:
+        self._cache = OrderedDict()
+
+    # --------------------------------------------------------------------- helpers
+    @staticmethod
+    def _clear(msgs: Any, meta: Any, decide_timer: Any, expire_timer: Any) -> None:
+        """The one place that drops all of a join's state and timers."""
+        msgs.clear()
+        meta.clear()
+        decide_timer.clear()
+        expire_timer.clear()
+
+    def _reducer(self, join_id: str, epoch: int, count: int, records: list[R.Record]
+                 ) -> JoinReducer:
+        cached = self._cache.get(join_id)
+        if cached is not None and cached[0] == epoch and cached[1] == count:
+            self._cache.move_to_end(join_id)
+            return cached[2]
+        reducer = JoinReducer(self._catalog)
+        for record in records:
+            reducer.add(record)
+        self._remember(join_id, epoch, count, reducer)
+        return reducer
+
+    def _remember(self, join_id: str, epoch: int, count: int, reducer: JoinReducer) -> None:
+        self._cache[join_id] = (epoch, count, reducer)
+        self._cache.move_to_end(join_id)
+        while len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)
+
+    @staticmethod
+    def _set(timer: Any, ms: int) -> None:
+        timer.set(Timestamp(micros=min(ms, _MAX_TS_MS) * 1000))
+
+    def _settle(self, join_id: str, records: list[R.Record], meta_value: list[Any],
+                msgs: Any, meta: Any, decide_timer: Any, expire_timer: Any) -> Iterator[Any]:
+        """Ask the closing decision at the known horizon and apply what it says."""
+        epoch, count, horizon, wake, _ = meta_value
+        while records:
+            outcome = decide(records, self._catalog, horizon)
+            if isinstance(outcome, Closed):
+                self._cache.pop(join_id, None)
+                msgs.clear()
+                decide_timer.clear()
+                expiry = outcome.deadline + outcome.retention_ms
+                meta.write([epoch, 0, horizon, None,
+                            [outcome.reason, outcome.closed_at, outcome.deadline, expiry]])
+                self._set(expire_timer, expiry + 1)
+                yield from _emit(closed_outputs(outcome))
+                return
+            if isinstance(outcome, Undefined):
+                yield from _emit(rejected_outputs(outcome.rejected, "undefined_join", _UNDEFINED))
+                records = outcome.rest
+                self._cache.pop(join_id, None)
+                epoch, count = random.getrandbits(62), len(records)
+                msgs.clear()
+                for record in records:
+                    msgs.add(record)
+                continue
+            assert isinstance(outcome, Pending)
+            if outcome.wake_at is not None:
+                target = outcome.wake_at if wake is None or wake <= (horizon or -1) \
+                    else min(wake, outcome.wake_at)
+                self._set(decide_timer, target + 1)
+                meta.write([epoch, count, horizon, target, None])
+            return
+        self._clear(msgs, meta, decide_timer, expire_timer)
+
+    # --------------------------------------------------------------------- callbacks
+    def process(self, element: tuple[str, R.Record],
+                msgs: Any = beam.DoFn.StateParam(MSGS),
+                meta: Any = beam.DoFn.StateParam(META),
+                decide_timer: Any = beam.DoFn.TimerParam(DECIDE),
+                expire_timer: Any = beam.DoFn.TimerParam(EXPIRE)) -> Iterator[Any]:
+        join_id, record = element
+        value = meta.read()
+        if value is None:
+            value = [random.getrandbits(62), 0, None, None, None]
+        epoch, count, horizon, wake, tomb = value
+        if tomb is not None:
+            close_reason, _, deadline, _ = tomb
+            yield from _emit([(LATE, late_object(record, late_reason(record[R.TIME], deadline),
+                                                 close_reason))])
+            return
+        if count >= self._max_messages:
+            yield from _emit(rejected_outputs([record], "join_too_large", _TOO_LARGE))
+            return
+        cached = self._cache.get(join_id)
+        msgs.add(record)
+        if cached is not None and cached[0] == epoch and cached[1] == count:
+            reducer = cached[2]
+            reducer.add(record)
+            self._remember(join_id, epoch, count + 1, reducer)
+            records: list[R.Record] | None = None
+        else:
+            records = list(msgs.read())
+            reducer = self._reducer(join_id, epoch, count + 1, records)
+        value = [epoch, count + 1, horizon, wake, None]
+        meta.write(value)
+        if reducer.closable() or (horizon is not None and record[R.TIME] <= horizon):
+            # closable now (eager), or a record behind the watermark: decide at once
+            yield from self._settle(join_id, records or list(msgs.read()), value, msgs, meta,
+                                    decide_timer, expire_timer)
+            return
+        deadline = reducer.deadline()
+        assert deadline is not None
+        target = deadline if wake is None or wake <= (horizon or -1) else min(wake, deadline)
+        if target != wake:
+            self._set(decide_timer, target + 1)
+            meta.write([epoch, count + 1, horizon, target, None])
+
+    @userstate.on_timer(DECIDE)
+    def on_decide(self, key: Any = beam.DoFn.KeyParam, fired: Any = beam.DoFn.TimestampParam,
+                  msgs: Any = beam.DoFn.StateParam(MSGS),
+                  meta: Any = beam.DoFn.StateParam(META),
+                  decide_timer: Any = beam.DoFn.TimerParam(DECIDE),
+                  expire_timer: Any = beam.DoFn.TimerParam(EXPIRE)) -> Iterator[Any]:
+        value = meta.read()
+        if value is None or value[4] is not None:
+            return
+        # the watermark passed the timer: every record before it is known
+        value[2] = max(value[2] or -(2**62), fired.micros // 1000 - 1)
+        value[3] = None
+        yield from self._settle(key, list(msgs.read()), value, msgs, meta, decide_timer,
+                                expire_timer)
+
+    @userstate.on_timer(EXPIRE)
+    def on_expire(self, key: Any = beam.DoFn.KeyParam,
+                  msgs: Any = beam.DoFn.StateParam(MSGS),
+                  meta: Any = beam.DoFn.StateParam(META),
+                  decide_timer: Any = beam.DoFn.TimerParam(DECIDE),
+                  expire_timer: Any = beam.DoFn.TimerParam(EXPIRE)) -> None:
+        self._cache.pop(key, None)
+        self._clear(msgs, meta, decide_timer, expire_timer)
+
+
+class JoinRecords(beam.PTransform):
+    """``(join_id, record)`` -> ``closes`` (main), ``late``, ``dead_letter`` outputs."""
+
+    def __init__(self, catalog: Catalog, streaming: bool, max_messages_per_join: int = 100_000
+                 ) -> None:
+        super().__init__()
+        if max_messages_per_join < 1:
+            raise ValueError("max_messages_per_join must be >= 1")
+        self._catalog = catalog
+        self._streaming = streaming
+        self._max_messages = max_messages_per_join
+
+    def expand(self, keyed: beam.PCollection) -> pvalue.DoOutputsTuple:
+        if self._streaming:
+            return keyed | "StatefulJoin" >> beam.ParDo(
+                JoinDoFn(self._catalog, self._max_messages)).with_input_types(
+                    tuple[str, tuple]).with_outputs(
+                    LATE, DEAD_LETTER, main=CLOSES)
+        return (
+            keyed
+            | "GroupByJoin" >> beam.GroupByKey()
+            | "Close" >> beam.FlatMap(_bounded, self._catalog, self._max_messages).with_outputs(
+                LATE, DEAD_LETTER, main=CLOSES)
+        )

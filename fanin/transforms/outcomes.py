@@ -1,0 +1,52 @@
+"""Turning closing decisions into output objects and counting them (no Beam import).
+
+Guarantees:
+- ``closed_outputs`` yields the close object, then one late object per late record
+  (``{join_id, reason, close_reason, message}``, ``message`` being the original object).
+- ``rejected_outputs`` yields one dead-letter object per record (``undefined_join``).
+- ``log_close`` writes one structured event per close on the ``fanin.close`` logger (run id,
+  join id, required branches, accepted count, close reason, conflict count) and never any
+  receipt value.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from fanin.contracts import records as R
+from fanin.contracts.parsing import dead_letter
+from fanin.transforms.closing import Closed
+
+__all__ = ["CLOSES", "DEAD_LETTER", "LATE", "closed_outputs", "log_close", "rejected_outputs"]
+
+CLOSES, LATE, DEAD_LETTER = "closes", "late", "dead_letter"
+_CLOSE_LOG = logging.getLogger("fanin.close")
+
+
+def late_object(record: R.Record, reason: str, close_reason: str) -> dict[str, Any]:
+    return {"join_id": record[R.JOIN_ID], "reason": reason, "close_reason": close_reason,
+            "message": json.loads(record[R.RAW])}
+
+
+def closed_outputs(outcome: Closed) -> Iterator[tuple[str, dict[str, Any]]]:
+    yield CLOSES, outcome.close
+    for record, reason in outcome.late:
+        yield LATE, late_object(record, reason, outcome.reason)
+
+
+def rejected_outputs(records: Iterable[R.Record], error: str, detail: str
+                     ) -> Iterator[tuple[str, dict[str, Any]]]:
+    for record in records:
+        yield DEAD_LETTER, dead_letter(error, detail, record[R.RAW], record[R.SOURCE])
+
+
+def log_close(close: dict[str, Any]) -> None:
+    if _CLOSE_LOG.isEnabledFor(logging.INFO):
+        _CLOSE_LOG.info(json.dumps({
+            "event": "join_closed", "run_id": close["run_id"], "join_id": close["join_id"],
+            "required": close["required"], "accepted": len(close["branches"]),
+            "reason": close["reason"], "conflicts": len(close["conflicts"]),
+        }))
