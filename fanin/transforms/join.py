@@ -49,6 +49,7 @@ _UNDEFINED = ("no required branches from the open, its contract or the defaults 
               "deadline")
 _TOO_LARGE = "the join holds max_messages_per_join messages already"
 _MAX_TS_MS = GlobalWindow().max_timestamp().micros // 1000 - 1
+_NO_HORIZON = -(2**62)  # nothing is known to be complete before the first timer fires
 
 
 def _emit(outputs: Iterable[tuple[str, dict[str, Any]]]) -> Iterator[Any]:
@@ -171,7 +172,7 @@ class JoinDoFn(beam.DoFn):
                 continue
             assert isinstance(outcome, Pending)
             if outcome.wake_at is not None:
-                target = outcome.wake_at if wake is None or wake <= (horizon or -1) \
+                target = outcome.wake_at if wake is None or wake <= horizon \
                     else min(wake, outcome.wake_at)
                 self._set(decide_timer, target + 1)
                 meta.write([epoch, count, horizon, target, None])
@@ -187,7 +188,7 @@ class JoinDoFn(beam.DoFn):
         join_id, record = element
         value = meta.read()
         if value is None:
-            value = [random.getrandbits(62), 0, None, None, None]
+            value = [random.getrandbits(62), 0, _NO_HORIZON, None, None]
         epoch, count, horizon, wake, tomb = value
         if tomb is not None:
             close_reason, _, deadline, _ = tomb
@@ -209,14 +210,14 @@ class JoinDoFn(beam.DoFn):
             reducer = self._reducer(join_id, epoch, count + 1, records)
         value = [epoch, count + 1, horizon, wake, None]
         meta.write(value)
-        if reducer.closable() or (horizon is not None and record[R.TIME] <= horizon):
+        if reducer.closable() or record[R.TIME] <= horizon:
             # closable now (eager), or a record behind the watermark: decide at once
             yield from self._settle(join_id, records or list(msgs.read()), value, msgs, meta,
                                     decide_timer, expire_timer)
             return
         deadline = reducer.deadline()
         assert deadline is not None
-        target = deadline if wake is None or wake <= (horizon or -1) else min(wake, deadline)
+        target = deadline if wake is None or wake <= horizon else min(wake, deadline)
         if target != wake:
             self._set(decide_timer, target + 1)
             meta.write([epoch, count + 1, horizon, target, None])
@@ -231,7 +232,7 @@ class JoinDoFn(beam.DoFn):
         if value is None or value[4] is not None:
             return
         # the watermark passed the timer: every record before it is known
-        value[2] = max(value[2] or -(2**62), fired.micros // 1000 - 1)
+        value[2] = max(value[2], fired.micros // 1000 - 1)
         value[3] = None
         yield from self._settle(key, list(msgs.read()), value, msgs, meta, decide_timer,
                                 expire_timer)

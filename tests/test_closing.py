@@ -1,0 +1,112 @@
+"""SPEC §4 closing decisions on bounded input (the exact event-time result)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from conftest import make_catalog, open_msg, receipt, records
+
+from fanin.contracts.timefmt import parse_rfc3339
+from fanin.transforms.closing import Closed, Pending, decide, decide_all
+
+
+def outcome(messages: list[dict[str, Any]], **defaults: Any) -> tuple[Closed | None, list]:
+    catalog = make_catalog(**defaults)
+    return decide_all(records(messages, catalog), catalog)
+
+
+def test_least_complete_time_and_late_reasons() -> None:
+    closed, _ = outcome([
+        open_msg(contract="strict"),
+        receipt("a", 2), receipt("b", 5), receipt("b", 7, value=2), receipt("a", 11),
+    ])
+    assert closed is not None and closed.close["closed_at"] == "2026-01-01T00:00:05.000Z"
+    assert [reason for _, reason in closed.late] == ["after_close", "after_deadline"]
+    assert closed.close["counts"]["messages"] == 3
+
+
+def test_deadline_timeout_and_partial() -> None:
+    msgs = [open_msg(contract="strict"), receipt("a", 2)]
+    closed, _ = outcome(msgs)
+    assert closed is not None and closed.reason == "timeout"
+    assert closed.close["closed_at"] == closed.close["deadline"] == "2026-01-01T00:00:10.000Z"
+    closed, _ = outcome([open_msg(contract="strict", allow_partial=True), receipt("a", 2)])
+    assert closed is not None and closed.reason == "partial"
+
+
+def test_a_message_at_exactly_the_deadline_is_included() -> None:
+    closed, _ = outcome([open_msg(contract="strict"), receipt("a", 2), receipt("b", 10)])
+    assert closed is not None and closed.reason == "complete"
+    assert closed.close["closed_at"] == "2026-01-01T00:00:10.000Z"
+    closed, _ = outcome([open_msg(contract="strict"), receipt("a", 2), receipt("b", 10.001)])
+    assert closed is not None and closed.reason == "timeout"
+    assert [reason for _, reason in closed.late] == ["after_deadline"]
+
+
+def test_fail_fast_closes_when_every_required_branch_reported() -> None:
+    closed, _ = outcome([open_msg(contract="fast"), receipt("a", 1, status="error", error="x"),
+                         receipt("b", 3)])
+    assert closed is not None and closed.reason == "timeout"
+    assert closed.close["closed_at"] == "2026-01-01T00:00:03.000Z"
+    assert closed.close["failed"] == ["a"]
+
+
+def test_non_monotone_a_later_conflict_does_not_undo_an_earlier_close() -> None:
+    closed, _ = outcome([open_msg(contract="strict"), receipt("a", 1), receipt("b", 2),
+                         receipt("a", 3, value="changed")])
+    assert closed is not None and closed.reason == "complete"
+    assert closed.close["closed_at"] == "2026-01-01T00:00:02.000Z"
+
+
+def test_non_monotone_a_retry_clears_a_conflict_later() -> None:
+    closed, _ = outcome([open_msg(contract="strict"), receipt("a", 1, value=1),
+                         receipt("a", 1.5, value=2), receipt("b", 2),
+                         receipt("a", 4, attempt=2, value=3)])
+    assert closed is not None and closed.reason == "complete"
+    assert closed.close["closed_at"] == "2026-01-01T00:00:04.000Z"
+    assert closed.close["counts"]["superseded"] == 2
+
+
+def test_receipts_before_the_open_count_at_opened_at() -> None:
+    closed, _ = outcome([receipt("a", 1), receipt("b", 2), open_msg(at=5, contract="strict")])
+    assert closed is not None and closed.reason == "complete"
+    assert closed.close["closed_at"] == closed.close["opened_at"] == "2026-01-01T00:00:05.000Z"
+    assert closed.close["latency_ms"] == 0
+
+
+def test_undefined_join_goes_to_dead_letter_and_later_messages_start_afresh() -> None:
+    closed, rejected = outcome([receipt("a", 0), receipt("b", 5),
+                                open_msg(at=40, required=["a"]), receipt("a", 41)])
+    assert len(rejected) == 2
+    assert closed is not None and closed.reason == "complete"
+    assert closed.close["opened_at"] == "2026-01-01T00:00:40.000Z"
+
+
+def test_undefined_join_with_no_later_messages() -> None:
+    closed, rejected = outcome([receipt("a", 0), receipt("a", 1)])
+    assert closed is None and len(rejected) == 2
+
+
+def test_horizon_watermark_trigger_waits_and_eager_does_not() -> None:
+    catalog = make_catalog()
+    watch = records([open_msg(contract="watch"), receipt("a", 1), receipt("b", 2)], catalog)
+    assert decide(watch, catalog, horizon=0) == Pending(parse_rfc3339("2026-01-01T00:00:02Z"))
+    done = decide(watch, catalog, horizon=parse_rfc3339("2026-01-01T00:00:02Z"))
+    assert isinstance(done, Closed) and done.reason == "complete"
+    eager = records([open_msg(contract="strict"), receipt("a", 1), receipt("b", 2)], catalog)
+    assert isinstance(decide(eager, catalog, horizon=0), Closed)
+
+
+def test_deadline_needs_the_horizon() -> None:
+    catalog = make_catalog()
+    recs = records([open_msg(contract="strict"), receipt("a", 1)], catalog)
+    deadline = parse_rfc3339("2026-01-01T00:00:10Z")
+    assert decide(recs, catalog, horizon=deadline - 1) == Pending(deadline)
+    assert isinstance(decide(recs, catalog, horizon=deadline), Closed)
+
+
+def test_defaults_apply_where_nothing_else_says() -> None:
+    closed, _ = outcome([open_msg(required=["a"]), receipt("b", 1)], deadline_s=5,
+                        allow_partial=True)
+    assert closed is not None and closed.reason == "partial"
+    assert closed.close["deadline"] == "2026-01-01T00:00:05.000Z"

@@ -1,0 +1,131 @@
+"""SPEC §1: message validation, dead-letter errors, times, JSON equality; SPEC §6 loader."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fanin.contracts import records as R
+from fanin.contracts.catalog import ContractsError, load_contracts, parse_contracts
+from fanin.contracts.jsonvalue import canonical
+from fanin.contracts.parsing import parse_message
+from fanin.contracts.timefmt import format_ms, parse_rfc3339
+
+SRC = {"kind": "file", "file": "in.jsonl", "line": 3}
+OK = {"join_id": "j", "branch": "b", "status": "ok", "event_time": "2026-01-01T00:00:00Z"}
+
+
+def error_of(data: bytes | str, contracts: tuple[str, ...] = ("triage",),
+             max_bytes: int = 256 * 1024) -> tuple[str, str] | None:
+    record, dead = parse_message(data, SRC, contracts, max_bytes)
+    if dead is None:
+        assert record is not None
+        return None
+    assert dead["source"] == SRC and record is None
+    return dead["error"], dead["detail"]
+
+
+def with_fields(**fields: object) -> str:
+    return json.dumps({**OK, **fields})
+
+
+@pytest.mark.parametrize(("data", "error"), [
+    (b"\xff\xfe{}", "not_utf8"),
+    ("not json", "invalid_json"),
+    ('{"join_id": "j", "join_id": "k"}', "invalid_json"),
+    ('{"join_id": NaN}', "invalid_json"),
+    ('{"v": Infinity}', "invalid_json"),
+    ('{"v": 1e400}', "invalid_json"),
+    ('{"v": "\\ud800"}', "invalid_json"),
+    ("[" * 200 + "]" * 200, "invalid_json"),
+    ("[1, 2]", "not_object"),
+    ('"text"', "not_object"),
+    (with_fields(status="done"), "invalid_message"),
+    (with_fields(attempt=0), "invalid_message"),
+    (with_fields(attempt=True), "invalid_message"),
+    (with_fields(attempt=1.5), "invalid_message"),
+    (with_fields(key=1), "invalid_message"),
+    (with_fields(branch=""), "invalid_message"),
+    (with_fields(join_id="x" * 257), "invalid_message"),
+    (with_fields(event_time="2026-01-01T00:00:00"), "invalid_message"),
+    (with_fields(event_time="2026-02-30T00:00:00Z"), "invalid_message"),
+    (with_fields(event_time="0001-01-01T00:00:00+01:00"), "invalid_message"),
+    (with_fields(kind="close"), "invalid_message"),
+    (with_fields(contract="nope"), "unknown_contract"),
+    (json.dumps({"kind": "open", "join_id": "j", "opened_at": "2026-01-01T00:00:00Z",
+                 "allow_partial": "false"}), "invalid_message"),
+    (json.dumps({"kind": "open", "join_id": "j", "opened_at": "2026-01-01T00:00:00Z",
+                 "deadline_s": 0}), "invalid_message"),
+    (json.dumps({"kind": "open", "join_id": "j", "opened_at": "2026-01-01T00:00:00Z",
+                 "required": ["a"], "optional": ["a"]}), "invalid_message"),
+])
+def test_bad_messages_become_dead_letters(data: bytes | str, error: str) -> None:
+    found = error_of(data)
+    assert found is not None and found[0] == error and found[1]
+
+
+def test_every_bad_field_is_named_once() -> None:
+    found = error_of(with_fields(status="done", attempt="2"))
+    assert found is not None
+    assert found[1].count("field status") == 1 and found[1].count("field attempt") == 1
+
+
+def test_size_limit_counts_bytes() -> None:
+    line = json.dumps({**OK, "value": "é" * 600}, ensure_ascii=False)  # ~1300 bytes, 700 chars
+    assert error_of(line, max_bytes=1000) == ("too_large", "1298 bytes > limit 1000")
+    assert error_of(line, max_bytes=2000) is None
+    assert error_of(line.encode(), max_bytes=1000)[0] == "too_large"  # type: ignore[index]
+
+
+def test_non_utf8_keeps_the_exact_bytes() -> None:
+    _, dead = parse_message(b"\xffabc", SRC, ())
+    assert dead is not None and dead["raw_base64"] == "/2FiYw=="
+
+
+def test_valid_receipt_defaults_and_ignored_fields() -> None:
+    record, dead = parse_message(json.dumps({**OK, "extra": {"x": 1}, "required": "ignored",
+                                             "error": None}), SRC, ())
+    assert dead is None and record is not None
+    assert record[R.R_KEY] == "b" and record[R.R_ATTEMPT] == 1 and record[R.R_VALUE] is None
+    assert json.loads(record[R.RAW])["extra"] == {"x": 1}
+
+
+def test_times_truncate_to_milliseconds_and_honour_offsets() -> None:
+    assert parse_rfc3339("2026-01-01T01:00:00.123999+01:00") == \
+        parse_rfc3339("2026-01-01T00:00:00.123Z")
+    assert format_ms(parse_rfc3339("2026-01-01t00:00:00.5z")) == "2026-01-01T00:00:00.500Z"
+    assert format_ms(parse_rfc3339("9999-12-31T23:59:59.999Z")) == "9999-12-31T23:59:59.999Z"
+    assert parse_rfc3339("2016-12-31T23:59:60Z") == parse_rfc3339("2016-12-31T23:59:59.999Z")
+    for bad in ("2026-01-01 00:00:00Z", "2026-01-01T24:00:00Z", "2026-01-01T00:00:00+24:00",
+                "2026-13-01T00:00:00Z", "10000-01-01T00:00:00Z", "2025-02-29T00:00:00Z"):
+        with pytest.raises(ValueError):
+            parse_rfc3339(bad)
+
+
+def test_json_equality() -> None:
+    assert canonical(1) == canonical(1.0) and canonical(10**20) == canonical(1e20)
+    assert canonical(True) != canonical(1)
+    assert canonical({"a": 1, "b": [1, 2]}) == canonical({"b": [1.0, 2], "a": 1})
+    assert canonical([1, 2]) != canonical([2, 1])
+    assert canonical(10**20 + 1) != canonical(1e20)
+
+
+def test_contracts_file_errors_name_file_contract_and_field(tmp_path: object) -> None:
+    cases = {
+        "contracts:\n  - name: a\n    deadline_s: -1\n": "contract 'a': field deadline_s",
+        "contracts:\n  - name: a\n    allow_partial: 'yes'\n": "field allow_partial",
+        "contracts:\n  - name: a\n    colse_trigger: eager\n": "field colse_trigger",
+        "contracts:\n  - name: a\n  - name: a\n": "duplicate contract name",
+        "contracts:\n  - name: a\n    schemas: {k: {type: 12}}\n": "field schemas",
+        "contracts:\n  - required: [x]\n": "contract #1: field name",
+        "contracts: {}\n": "top-level 'contracts:' list",
+        "contracts: [\n": "not valid YAML",
+        "contracts:\n  - !!python/object/apply:os.system [echo hi]\n": "not valid YAML",
+    }
+    for text, expected in cases.items():
+        with pytest.raises(ContractsError) as info:
+            parse_contracts(text, origin="c.yaml")
+        assert str(info.value).startswith("c.yaml: ") and expected in str(info.value)
+    with pytest.raises(ContractsError, match="cannot read"):
+        load_contracts(str(tmp_path) + "/missing.yaml")

@@ -1,0 +1,271 @@
+"""SPEC §2-3: the reducer's rules, order independence and idempotence (hypothesis)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from conftest import make_catalog, open_msg, receipt, records
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fanin.transforms.closing import decide_all
+from fanin.transforms.reducer import JoinReducer
+
+
+def close_of(messages: list[dict[str, Any]], **defaults: Any) -> dict[str, Any]:
+    catalog = make_catalog(**defaults)
+    closed, rejected = decide_all(records(messages, catalog), catalog)
+    assert closed is not None and not rejected
+    return closed.close
+
+
+def reduce_all(messages: list[dict[str, Any]]) -> JoinReducer:
+    catalog = make_catalog()
+    reducer = JoinReducer(catalog)
+    for rec in records(messages, catalog):
+        reducer.add(rec)
+    return reducer
+
+
+def kinds(close: dict[str, Any]) -> list[tuple[str, str | None]]:
+    return [(c["kind"], c["branch"]) for c in close["conflicts"]]
+
+
+# --- the three articles' examples ---------------------------------------------------------
+
+def test_retrieve_verify_rank_agreeing_answers_complete() -> None:
+    close = close_of([
+        open_msg(contract="triage"),
+        receipt("retrieve", 1, key="answer", value="use cached policy"),
+        receipt("verify", 2, key="answer", value="use cached policy"),
+        receipt("rank", 3, key="score", value=0.91),
+    ])
+    assert close["reason"] == "complete"
+    assert close["closed_at"] == "2026-01-01T00:00:03.000Z"
+    assert close["values"] == {"answer": "use cached policy", "score": 0.91}
+    assert close["conflicts"] == []
+
+
+def test_retrieve_verify_rank_disagreeing_answers_are_a_key_conflict() -> None:
+    close = close_of([
+        open_msg(contract="triage"),
+        receipt("retrieve", 1, key="answer", value="use cached policy"),
+        receipt("verify", 2, key="answer", value="refresh the policy"),
+        receipt("rank", 3, key="score", value=0.91),
+    ])
+    assert close["reason"] == "partial"  # triage allows partial; the conflict blocks complete
+    assert close["closed_at"] == close["deadline"]
+    assert kinds(close) == [("key_conflict", "retrieve"), ("key_conflict", "verify")]
+    assert "answer" not in close["values"] and close["values"]["score"] == 0.91
+
+
+def test_conditional_route_skipped_completes_instead_of_hanging() -> None:
+    graph = [
+        open_msg(contract="routed"),
+        receipt("classify", 1, value="simple"),
+        receipt("answer", 3, value="42"),
+    ]
+    close = close_of([*graph, receipt("review", 2, status="skipped")])
+    assert close["reason"] == "complete"
+    assert close["pruned"] == ["review/legal", "review/tech"]
+    assert close["closed_at"] == "2026-01-01T00:00:03.000Z"
+    without_skip = close_of(graph)
+    assert without_skip["reason"] == "timeout"
+    assert without_skip["missing"] == ["review/legal", "review/tech"]
+
+
+def test_adk_style_fan_out_aggregates_values_by_branch_name() -> None:
+    close = close_of([
+        open_msg(required=["make_uppercase", "count_characters", "reverse_string"]),
+        receipt("make_uppercase", 1, value="HELLO"),
+        receipt("count_characters", 1, value=5),
+        receipt("reverse_string", 1, value="olleh"),
+    ])
+    assert close["reason"] == "complete"
+    assert close["values"] == {"count_characters": 5, "make_uppercase": "HELLO",
+                               "reverse_string": "olleh"}
+
+
+# --- rules --------------------------------------------------------------------------------
+
+def test_attempts_supersede_and_a_retry_clears_an_error() -> None:
+    close = close_of([
+        open_msg(contract="strict"),
+        receipt("a", 1, status="error", error="boom"),
+        receipt("a", 2, attempt=2, value=1),
+        receipt("b", 3, value=2),
+    ])
+    assert close["reason"] == "complete"
+    assert close["branches"]["a"]["attempt"] == 2
+    assert close["counts"] == {"messages": 4, "duplicates": 0, "superseded": 1}
+
+
+def test_changed_duplicate_is_a_conflict_and_the_branch_has_no_current_receipt() -> None:
+    close = close_of([
+        open_msg(contract="strict"),
+        receipt("a", 1, value=1),
+        receipt("a", 2, value=2),
+        receipt("b", 3, value=2),
+    ])
+    assert close["reason"] == "timeout"
+    assert kinds(close) == [("duplicate_changed", "a")]
+    assert close["missing"] == ["a"] and "a" not in close["branches"]
+
+
+def test_identical_content_is_a_duplicate_even_with_other_event_time_and_ids() -> None:
+    close = close_of([
+        open_msg(contract="strict"),
+        receipt("a", 1, value={"x": 1, "y": [1, 2]}, message_id="m1"),
+        receipt("a", 1.5, value={"y": [1.0, 2], "x": 1.0}, message_id="m2", run_id="r"),
+        receipt("b", 2, value=True),
+    ])
+    assert close["reason"] == "complete"
+    assert close["counts"]["duplicates"] == 1
+    assert close["branches"]["a"]["event_time"] == "2026-01-01T00:00:01.000Z"
+
+
+def test_true_is_not_one_for_key_conflicts() -> None:
+    close = close_of([
+        open_msg(required=["a", "b"]),
+        receipt("a", 1, key="k", value=True),
+        receipt("b", 1, key="k", value=1),
+    ])
+    assert kinds(close) == [("key_conflict", "a"), ("key_conflict", "b")]
+    equal = close_of([
+        open_msg(required=["a", "b"]),
+        receipt("a", 1, key="k", value=1),
+        receipt("b", 1, key="k", value=1.0),
+    ])
+    assert equal["reason"] == "complete" and equal["values"] == {"k": 1}
+
+
+def test_unknown_and_pruned_branch_reports_are_conflicts() -> None:
+    close = close_of([
+        open_msg(contract="routed"),
+        receipt("classify", 1),
+        receipt("answer", 1),
+        receipt("review", 1, status="skipped"),
+        receipt("review/legal", 1, value="late work"),
+        receipt("stray", 1),
+        receipt("nothing/here", 1, status="skipped"),
+    ])
+    assert kinds(close) == [("pruned_branch_reported", "review/legal"),
+                            ("unknown_branch", "nothing/here"), ("unknown_branch", "stray")]
+    assert close["reason"] == "timeout"
+
+
+def test_skip_duplicates_and_skip_outside_attempt_rules() -> None:
+    reducer = reduce_all([
+        open_msg(contract="routed"),
+        receipt("review/tech", 1, status="skipped", attempt=3),
+        receipt("review/tech", 2, status="skipped", attempt=1),
+        receipt("review/legal", 1, status="skipped"),
+        receipt("classify", 1), receipt("answer", 1),
+    ])
+    assert reducer.complete()
+    close = reducer.close(2000, "complete")
+    assert close["counts"]["duplicates"] == 1 and close["counts"]["superseded"] == 0
+
+
+def test_schema_violation_blocks_completion_and_keeps_value_out() -> None:
+    close = close_of([
+        open_msg(contract="triage"),
+        receipt("retrieve", 1, key="answer", value="a"),
+        receipt("verify", 1, key="answer", value="a"),
+        receipt("rank", 1, key="score", value=1.5),
+    ])
+    assert kinds(close) == [("schema_violation", "rank")]
+    assert "score" not in close["values"] and close["branches"]["rank"]["value"] == 1.5
+
+
+def test_schemas_come_from_the_contract_even_when_the_open_overrides() -> None:
+    close = close_of([
+        open_msg(contract="triage", required=["rank"]),
+        receipt("rank", 1, key="score", value=-1, contract="triage"),
+    ])
+    assert kinds(close) == [("schema_violation", "rank")]
+
+
+def test_open_conflict_and_contract_conflict() -> None:
+    close = close_of([
+        open_msg(at=0, contract="strict"),
+        open_msg(at=1, contract="strict", deadline_s=99),
+        receipt("a", 2, contract="watch"),
+        receipt("b", 2),
+    ])
+    assert [c["kind"] for c in close["conflicts"]] == ["contract_conflict", "open_conflict"]
+    assert close["contract"] == "strict"
+    assert close["deadline"] == "2026-01-01T00:00:10.000Z"  # the earliest open defines it
+
+
+def test_failed_and_missing_lists() -> None:
+    close = close_of([
+        open_msg(required=["a", "b", "c"], allow_partial=True),
+        receipt("a", 1, status="timeout"),
+        receipt("b", 1, status="error", error="x"),
+    ])
+    assert close["failed"] == ["a", "b"] and close["missing"] == ["c"]
+    assert close["reason"] == "partial"
+
+
+def test_receipts_name_the_contract_when_no_open_arrives() -> None:
+    close = close_of([
+        receipt("a", 1, contract="strict", opened_at="2026-01-01T00:00:00.500Z"),
+        receipt("b", 2, contract="strict"),
+    ])
+    assert close["reason"] == "complete"
+    assert close["opened_at"] == "2026-01-01T00:00:00.500Z"
+
+
+# --- properties ---------------------------------------------------------------------------
+
+_BRANCHES = ["a", "b", "c", "c/x", "z"]
+_message = st.one_of(
+    st.builds(lambda b, t, s, v, k, n: receipt(b, t, status=s, value=v, key=k, attempt=n),
+              st.sampled_from(_BRANCHES), st.integers(0, 40),
+              st.sampled_from(["ok", "ok", "error", "skipped"]),
+              st.sampled_from([1, 1.0, 2, "x", True, None, [1], {"k": 1}]),
+              st.sampled_from(["k1", "k2", "a", "b"]), st.integers(1, 3)),
+    st.builds(lambda t, d: open_msg(at=t, required=["a", "b"], optional=["c"], deadline_s=d),
+              st.integers(0, 5), st.sampled_from([20, 30])),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(_message, min_size=1, max_size=12), st.randoms(use_true_random=False))
+def test_any_permutation_gives_the_same_close(messages: list[dict[str, Any]], rnd: Any) -> None:
+    catalog = make_catalog()
+    recs = records(messages, catalog)
+    shuffled = list(recs)
+    rnd.shuffle(shuffled)
+    first, rej1 = decide_all(recs, catalog)
+    second, rej2 = decide_all(shuffled, catalog)
+    assert (first and first.close) == (second and second.close)
+    assert sorted(r[3] for r in rej1) == sorted(r[3] for r in rej2)
+    a, b = JoinReducer(catalog), JoinReducer(catalog)
+    for rec in recs:
+        a.add(rec)
+    for rec in shuffled:
+        b.add(rec)
+    assert (a.complete(), a.all_reported(), a.conflict_count()) == \
+        (b.complete(), b.all_reported(), b.conflict_count())
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(_message, min_size=2, max_size=12), st.data())
+def test_redelivery_changes_only_messages_and_duplicates(messages: list[dict[str, Any]],
+                                                         data: Any) -> None:
+    catalog = make_catalog()
+    base = [open_msg(at=0, required=["a", "b"], deadline_s=30), *messages]
+    recs = records(base, catalog)
+    again = data.draw(st.sampled_from(recs))
+    r1, r2 = JoinReducer(catalog), JoinReducer(catalog)
+    for rec in recs:
+        r1.add(rec)
+        r2.add(rec)
+    r2.add(again)
+    c1, c2 = r1.close(60_000, r1.reason()), r2.close(60_000, r2.reason())
+    assert c2["counts"]["messages"] == c1["counts"]["messages"] + 1
+    assert c2["counts"]["duplicates"] == c1["counts"]["duplicates"] + 1
+    c1.pop("counts"), c2.pop("counts")
+    assert c1 == c2

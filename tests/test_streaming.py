@@ -1,0 +1,148 @@
+"""SPEC §4 in streaming: the stateful join under TestStream with watermark control."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import apache_beam as beam
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.testing.test_pipeline import TestPipeline
+from apache_beam.testing.test_stream import TestStream
+from apache_beam.testing.util import assert_that, equal_to
+from apache_beam.transforms.window import TimestampedValue
+from apache_beam.utils.timestamp import Timestamp
+from conftest import make_catalog, open_msg, receipt
+
+from fanin.contracts.timefmt import parse_rfc3339
+from fanin.transforms.join import JoinRecords
+from fanin.transforms.outcomes import CLOSES, DEAD_LETTER, LATE
+from fanin.transforms.parse import ParseMessages
+
+EPOCH_S = parse_rfc3339("2026-01-01T00:00:00Z") / 1000
+END_S = EPOCH_S + 10**7  # past every deadline + retention used here (BEAM-NOTES trap)
+
+Event = tuple[str, Any]
+
+
+def add(*messages: dict[str, Any]) -> Event:
+    return ("add", messages)
+
+
+def watermark(seconds: float) -> Event:
+    return ("wm", seconds)
+
+
+def _stamp(message: dict[str, Any]) -> float:
+    text = message.get("opened_at") if message.get("kind") == "open" else message["event_time"]
+    return parse_rfc3339(text) / 1000
+
+
+def run_stream(events: Sequence[Event], checks: dict[str, Callable[[list[Any]], None]],
+               project: dict[str, Callable[[dict[str, Any]], Any]]) -> None:
+    """Replay ``events`` through Parse + streaming Join; ``checks`` run on projected outputs."""
+    stream = TestStream()
+    for kind, arg in events:
+        if kind == "add":
+            stream.add_elements([
+                TimestampedValue((json.dumps(m).encode(), {"kind": "test"}), _stamp(m))
+                for m in arg])
+        else:
+            stream.advance_watermark_to(Timestamp(EPOCH_S + arg))
+    stream.advance_watermark_to(Timestamp(END_S)).advance_watermark_to_infinity()
+    options = PipelineOptions(["--runner=BundleBasedDirectRunner", "--streaming"])
+    catalog = make_catalog()
+    with TestPipeline(options=options) as p:
+        parsed = p | stream | ParseMessages(frozenset(catalog.contracts))
+        joined = parsed.records | JoinRecords(catalog, streaming=True)
+        outputs = {CLOSES: joined[CLOSES], LATE: joined[LATE],
+                   DEAD_LETTER: (joined[DEAD_LETTER], parsed[DEAD_LETTER]) | beam.Flatten()}
+        for name, check in checks.items():
+            assert_that(outputs[name] | f"Project {name}" >> beam.Map(project[name]),
+                        check, label=f"check {name}")
+
+
+def close_key(close: dict[str, Any]) -> tuple[Any, ...]:
+    return (close["join_id"], close["reason"], close["closed_at"][11:19],
+            close["counts"]["messages"])
+
+
+def late_key(line: dict[str, Any]) -> tuple[Any, ...]:
+    return (line["join_id"], line["reason"], line["close_reason"], line["message"]["branch"])
+
+
+PROJECT = {CLOSES: close_key, LATE: late_key, DEAD_LETTER: lambda d: (d["error"],)}
+
+
+def test_eager_closes_on_arrival_before_any_watermark_advance() -> None:
+    # the second "b" has an earlier event time than the close, but arrives after it: late
+    run_stream(
+        [add(open_msg(contract="strict"), receipt("a", 1), receipt("b", 2)),
+         add(receipt("b", 1.5)), watermark(1)],
+        {CLOSES: equal_to([("j", "complete", "00:00:02", 3)]),
+         LATE: equal_to([("j", "after_close", "complete", "b")])}, PROJECT)
+
+
+def test_watermark_trigger_waits_for_the_watermark() -> None:
+    # contract "watch": a retry of "a" that arrives after "b" but before the watermark
+    # passes 2 s is part of the close (under eager it would be late)
+    run_stream(
+        [add(open_msg(contract="watch"), receipt("a", 1), receipt("b", 2)), watermark(1.5),
+         add(receipt("a", 1.7, attempt=2, value="better")), watermark(3)],
+        {CLOSES: equal_to([("j", "complete", "00:00:02", 4)]), LATE: equal_to([])}, PROJECT)
+
+
+def test_deadline_timeout_and_partial() -> None:
+    run_stream(
+        [add(open_msg("t", contract="strict"), receipt("a", 1, join_id="t"),
+             open_msg("p", contract="triage"), receipt("rank", 1, join_id="p")),
+         watermark(9), watermark(40)],
+        {CLOSES: equal_to([("t", "timeout", "00:00:10", 2), ("p", "partial", "00:00:30", 2)])},
+        PROJECT)
+
+
+def test_a_receipt_at_exactly_the_deadline_counts() -> None:
+    run_stream(
+        [add(open_msg(contract="strict"), receipt("a", 1)), watermark(9.999),
+         add(receipt("b", 10)), watermark(11)],
+        {CLOSES: equal_to([("j", "complete", "00:00:10", 3)])}, PROJECT)
+
+
+def test_after_close_and_after_deadline() -> None:
+    run_stream(
+        [add(open_msg(contract="strict"), receipt("a", 1), receipt("b", 2)), watermark(20),
+         add(receipt("a", 5, value="x"), receipt("b", 11))],
+        {CLOSES: equal_to([("j", "complete", "00:00:02", 3)]),
+         LATE: equal_to([("j", "after_close", "complete", "a"),
+                         ("j", "after_deadline", "complete", "b")])}, PROJECT)
+
+
+def test_tombstone_expires_after_deadline_plus_retention() -> None:
+    # contract "short": deadline 10 s, retention 5 s -> tombstone until 15 s
+    run_stream(
+        [add(open_msg(contract="short"), receipt("a", 1), receipt("b", 2)), watermark(14),
+         add(receipt("a", 14, value="late")), watermark(16),
+         add(open_msg(at=16, contract="short"), receipt("a", 16), receipt("b", 17))],
+        {CLOSES: equal_to([("j", "complete", "00:00:02", 3), ("j", "complete", "00:00:17", 3)]),
+         LATE: equal_to([("j", "after_deadline", "complete", "a")])}, PROJECT)
+
+
+def test_receipts_before_their_open_and_out_of_order_delivery() -> None:
+    run_stream(
+        [add(receipt("b", 3)), add(receipt("a", 1)), add(open_msg(contract="watch")),
+         watermark(5)],
+        {CLOSES: equal_to([("j", "complete", "00:00:03", 3)])}, PROJECT)
+
+
+def test_pruning_by_skip_completes_the_route_not_taken() -> None:
+    run_stream(
+        [add(open_msg(contract="routed"), receipt("classify", 1), receipt("review", 2,
+             status="skipped"), receipt("answer", 3)), watermark(4)],
+        {CLOSES: equal_to([("j", "complete", "00:00:03", 4)])}, PROJECT)
+
+
+def test_undefined_join_and_bad_input_go_to_dead_letter() -> None:
+    run_stream(
+        [add(receipt("a", 1, join_id="u")), watermark(40)],
+        {DEAD_LETTER: equal_to([("undefined_join",)]), CLOSES: equal_to([])}, PROJECT)
