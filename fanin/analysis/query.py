@@ -6,23 +6,34 @@
 ``TIMESTAMP WITH TIME ZONE`` in a UTC session), whichever files are present:
 
 - ``DIR/<kind>/**/*.jsonl`` is parsed by Python with ``tables.to_table`` (the same conversion that
-  writes Parquet, so both formats yield identical rows) and registered as an Arrow table;
-- ``DIR/<kind>/**/*.parquet`` is scanned lazily by DuckDB after its schema was checked against
+  writes Parquet, so both formats yield identical rows) and staged as an Arrow table;
+- ``DIR/<kind>/**/*.parquet`` is read by DuckDB after its schema was checked against
   ``tables.schema(kind)``;
-- both are concatenated (``UNION ALL``, no dedupe); with neither, the view exists with zero rows.
-  Hidden files and folders (``.`` or ``_`` prefix: temp files, Beam's ``.temp-beam-*``) are
-  skipped, so a half-written file is never read.
+- both are concatenated (``UNION ALL``, no dedupe) into the in-memory table ``_<kind>`` that the
+  view selects from; with neither, the view exists with zero rows. Hidden files and folders
+  (``.`` or ``_`` prefix: temp files, Beam's ``.temp-beam-*``) are skipped, so a half-written
+  file is never read.
+
+The outputs are copied into memory once (DuckDB's compressed columnar tables): that is what
+lets the connection give up file access entirely. It suits a run's outputs up to a few GB; for
+more, query the Parquet or BigQuery tables with an engine of your choice.
 
 Read-only guarantee (defence in depth):
 
-1. Once the views exist the connection is locked down: ``allowed_paths`` is set to exactly the
-   Parquet files the views read, then ``enable_external_access = false`` (no COPY, ATTACH,
-   EXPORT, INSTALL/LOAD, file readers or writers anywhere else) and ``lock_configuration = true``
-   (no ``SET``/``PRAGMA`` can undo that); extension auto-install/auto-load are off.
-2. ``run_query`` accepts a single ``SELECT`` (including ``WITH ...``) or ``EXPLAIN`` statement
-   and refuses anything else with ``QueryRefused`` before executing it, so not even the
-   allowed Parquet files can be written.
+1. Once the tables are loaded the connection is locked down: ``enable_external_access = false``
+   (no COPY, ATTACH, EXPORT, INSTALL/LOAD, file reader or writer: DuckDB touches no file at all)
+   then ``lock_configuration = true`` (no ``SET``/``PRAGMA`` can undo it); extension
+   auto-install/auto-load are off. (``allowed_paths`` is deliberately not used: DuckDB lets
+   ``COPY ... TO`` overwrite an allowed path.)
+2. ``run_query`` accepts a single ``SELECT`` (DuckDB parses ``WITH``, ``DESCRIBE``, ``SHOW`` and
+   ``SUMMARIZE`` as ``SELECT``) or ``EXPLAIN`` statement and refuses anything else with
+   ``QueryRefused`` before executing it, so not even the in-memory copies can be changed.
 
+Nested JSON-text fields (``branches[].value``, ``conflicts[].value`` and ``.extra``) stay
+``VARCHAR``; wrap them in ``json(...)`` to use JSON operators.
+
+``run_query`` renders ``table`` (aligned text), ``csv`` (RFC 4180, header row, NULL as empty)
+or ``json`` (an array of objects; JSON columns embedded as JSON, times as RFC 3339 UTC text).
 ``run_query(..., out=FILE)`` writes the rendered CSV/JSON/table with Python (atomically, to
 exactly that path); DuckDB never writes a file.
 """
@@ -46,9 +57,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from fanin.analysis import tables
+from fanin.analysis._atomic import atomic_write
 from fanin.contracts.timefmt import format_ms
 
-__all__ = ["FORMATS", "QueryRefused", "open_outputs", "output_files", "render", "run_query"]
+__all__ = ["FORMATS", "QueryRefused", "open_outputs", "run_query"]
 
 FORMATS = ("table", "csv", "json")
 _ALLOWED = {duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN}
@@ -63,7 +75,7 @@ def _visible(path: Path, root: Path) -> bool:
     return not any(part.startswith((".", "_")) for part in path.relative_to(root).parts)
 
 
-def output_files(folder: Path, suffix: str) -> list[Path]:
+def _output_files(folder: Path, suffix: str) -> list[Path]:
     """Sorted visible ``*<suffix>`` files anywhere under ``folder`` (none if it is missing)."""
     if not folder.is_dir():
         return []
@@ -96,26 +108,26 @@ def _quote(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-def _create_view(con: duckdb.DuckDBPyConnection, kind: str, folder: Path) -> list[str]:
-    """Create view ``kind``; return the Parquet paths it reads."""
+def _load(con: duckdb.DuckDBPyConnection, kind: str, folder: Path) -> None:
+    """Copy the ``kind`` outputs under ``folder`` into table ``_<kind>``; create view ``kind``."""
     sch = tables.schema(kind)
-    arrow_name = f"_{kind}_jsonl"
-    con.register(arrow_name, _read_jsonl(kind, output_files(folder, ".jsonl")))
-    parquet = [str(p) for p in output_files(folder, ".parquet")]
-    _check_parquet(kind, [Path(p) for p in parquet])
     columns = ", ".join(f'"{name}"' for name in sch.names)
-    sources = [f"SELECT {columns} FROM {arrow_name}"]
+    staging = f"_{kind}_jsonl"
+    con.register(staging, _read_jsonl(kind, _output_files(folder, ".jsonl")))
+    sources = [f"SELECT {columns} FROM {staging}"]
+    parquet = _output_files(folder, ".parquet")
+    _check_parquet(kind, parquet)
     if parquet:
-        files = ", ".join(_quote(p) for p in parquet)
+        files = ", ".join(_quote(str(p)) for p in parquet)
         sources.append(f"SELECT {columns} FROM read_parquet([{files}], hive_partitioning = false)")
+    con.execute(f'CREATE TABLE "_{kind}" AS {" UNION ALL ".join(sources)}')
+    con.unregister(staging)
     projection = ", ".join(
         f'"{f.name}"::JSON AS "{f.name}"'
         if (f.metadata or {}).get(b"fanin.encoding") == b"json" else f'"{f.name}"'
         for f in sch
     )
-    union = " UNION ALL ".join(sources)
-    con.execute(f'CREATE VIEW "{kind}" AS SELECT {projection} FROM ({union})')
-    return parquet
+    con.execute(f'CREATE VIEW "{kind}" AS SELECT {projection} FROM "_{kind}"')
 
 
 def open_outputs(directory: str | os.PathLike[str]) -> duckdb.DuckDBPyConnection:
@@ -133,8 +145,8 @@ def open_outputs(directory: str | os.PathLike[str]) -> duckdb.DuckDBPyConnection
     )
     try:
         con.execute("SET TimeZone = 'UTC'")
-        parquet = [p for kind in tables.KINDS for p in _create_view(con, kind, root / kind)]
-        con.execute(f"SET allowed_paths = [{', '.join(_quote(p) for p in parquet)}]")
+        for kind in tables.KINDS:
+            _load(con, kind, root / kind)
         con.execute("SET enable_external_access = false")
         con.execute("SET lock_configuration = true")
     except BaseException:
@@ -180,7 +192,7 @@ def _cell(value: Any, null: str) -> str:
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
-def render(names: Sequence[str], types: Sequence[str], rows: Sequence[tuple], fmt: str) -> str:
+def _render(names: Sequence[str], types: Sequence[str], rows: Sequence[tuple], fmt: str) -> str:
     """Render a result as ``table`` (aligned text), ``csv`` (RFC 4180) or ``json`` (array)."""
     if fmt == "json":
         flags = [t == "JSON" for t in types]
@@ -205,16 +217,6 @@ def render(names: Sequence[str], types: Sequence[str], rows: Sequence[tuple], fm
     raise ValueError(f"unknown format {fmt!r}; expected one of {FORMATS}")
 
 
-def _write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
 def run_query(
     directory: str | os.PathLike[str],
     sql: str,
@@ -237,7 +239,7 @@ def run_query(
         rows = cursor.fetchall() if description else []
     finally:
         con.close()
-    text = render([d[0] for d in description], [str(d[1]) for d in description], rows, fmt)
+    text = _render([d[0] for d in description], [str(d[1]) for d in description], rows, fmt)
     if out is not None:
-        _write_text(Path(out), text)
+        atomic_write(out, lambda fh: fh.write(text.encode("utf-8")))
     return text

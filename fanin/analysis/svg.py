@@ -48,7 +48,8 @@ def grouped_bars(
     categories: Sequence[str], series: Sequence[Series], title: str, unit: str = ""
 ) -> str:
     """Horizontal bars: one row per category, one bar per series, value printed at its end."""
-    label_w, bar_h, gap, top = 220, 14, 10, 30
+    label_w, bar_h, gap = 220, 14, 10
+    top = 30 if len(series) > 1 else 6  # room for the legend
     area = _WIDTH - label_w - 90
     peak = max((v for _, vals in series for v in vals), default=0) or 1
     row_h = bar_h * len(series) + gap

@@ -31,13 +31,14 @@ Schema decision (why these shapes):
 
 Guarantees:
 - Column order and types are constants of this module: the same on every run and machine.
-- ``to_row`` is strict and lossless: a missing or unexpected top-level key, a wrong JSON type or
-  a malformed time raises ``ValueError`` naming the field; every input field lands in a column.
+- ``to_row`` is strict and lossless: a missing or unexpected key, a wrong JSON type or a
+  malformed time raises ``ValueError`` naming the field; every input field lands in a column.
+  Only the dead letter's ``detail`` and ``raw_base64`` may be absent (then NULL).
   Rows hold plain Python values with timestamps as epoch milliseconds (``int``).
 - ``write_parquet`` writes each file under a temporary hidden name in its final folder, fsyncs it
   and ``os.replace``s it into place: a reader (or a crash) never sees a half-written
   ``*.parquet``. Closes are hive-partitioned by the UTC date of ``closed_at``
-  (``closes/close_date=YYYY-MM-DD/<basename>.parquet``); the date is in the path only.
+  (``DIR/closes/close_date=YYYY-MM-DD/<basename>.parquet``); the date is in the path only.
 - ``to_bigquery_row`` is ``to_row`` with timestamps rendered as RFC 3339 UTC text; it is
   JSON-serialisable and matches ``bigquery_schema`` (for ``WriteToBigQuery``).
 """
@@ -46,7 +47,6 @@ from __future__ import annotations
 
 import json
 import os
-import uuid
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -55,6 +55,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from fanin.analysis._atomic import atomic_write
 from fanin.contracts.timefmt import format_ms, parse_rfc3339
 
 __all__ = [
@@ -257,46 +258,28 @@ def to_table(kind: str, objs: Iterable[Mapping[str, Any]]) -> pa.Table:
     return pa.Table.from_pylist([to_row(kind, o) for o in objs], schema=schema(kind))
 
 
-def _atomic_write(table: pa.Table, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    try:
-        with open(tmp, "wb") as fh:
-            pq.write_table(table, fh, compression="zstd")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
 def write_parquet(
     kind: str, objs: Iterable[Mapping[str, Any]], out_dir: str | os.PathLike[str], basename: str
 ) -> list[str]:
-    """Write ``objs`` as Parquet under the output root ``out_dir``; return the paths written.
+    """Write ``objs`` as Parquet into the kind's folder ``out_dir`` (``DIR/<kind>``).
 
-    ``closes`` go to ``out_dir/closes/close_date=YYYY-MM-DD/<basename>.parquet`` (one file per
-    UTC date of ``closed_at``, rows in input order), the others to
-    ``out_dir/<kind>/<basename>.parquet``. No objects -> no file. Each file appears atomically.
+    ``closes`` go to ``out_dir/close_date=YYYY-MM-DD/<basename>.parquet`` (one file per UTC date
+    of ``closed_at``, rows in input order), the others to ``out_dir/<basename>.parquet``. Returns
+    the sorted paths written; no objects -> no file. Each file appears atomically. Local paths
+    only. Raises ``ValueError`` (before writing anything) if an object is malformed.
     """
-    if not basename or "/" in basename or basename.startswith("."):
-        raise ValueError(f"basename must be a plain, non-hidden file name: {basename!r}")
-    rows = [to_row(kind, o) for o in objs]
+    if not basename or "/" in basename or basename.startswith((".", "_")):
+        raise ValueError(f"basename must be a plain, visible file name: {basename!r}")
     groups: dict[Path, list[dict[str, Any]]] = defaultdict(list)
-    root = Path(out_dir) / kind
-    for row in rows:
-        folder = root
+    for obj in objs:
+        row = to_row(kind, obj)
+        folder = Path(out_dir)
         if kind == "closes":
-            folder = root / f"close_date={format_ms(row['closed_at'])[:10]}"
+            folder = folder / f"close_date={format_ms(row['closed_at'])[:10]}"
         groups[folder / f"{basename}.parquet"].append(row)
     for path, group in groups.items():
-        _atomic_write(pa.Table.from_pylist(group, schema=schema(kind)), path)
+        table = pa.Table.from_pylist(group, schema=schema(kind))
+        atomic_write(path, lambda fh, t=table: pq.write_table(t, fh, compression="zstd"))
     return sorted(str(p) for p in groups)
 
 

@@ -1,0 +1,80 @@
+"""The ``fanin query`` and ``fanin report`` subcommands.
+
+``add_subcommand(subparsers)`` registers both on an ``argparse`` subparsers object; each parser
+gets ``func=callable(args) -> int``:
+
+- ``fanin query DIR "SQL" [--format table|csv|json] [--out FILE]``: runs one read-only statement
+  over the views ``closes``, ``late``, ``dead_letter``; prints the result, or writes it to
+  exactly ``FILE``.
+- ``fanin report DIR [--html FILE]``: prints a summary and optionally writes the HTML report.
+
+Exit codes: 0 success; 2 for a missing DIR, bad or refused SQL, malformed output files or an
+unwritable FILE, reported as one line on stderr (``fanin <cmd>: error: ...``), no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+
+import duckdb
+
+from fanin.analysis.query import FORMATS, run_query
+from fanin.analysis.report import build_report, summary_text, write_html
+
+__all__ = ["add_subcommand", "cmd_query", "cmd_report"]
+
+_USER_ERRORS = (OSError, ValueError, duckdb.Error)
+
+
+def _guarded(name: str, body: Callable[[argparse.Namespace], None]) -> Callable[..., int]:
+    def run(args: argparse.Namespace) -> int:
+        try:
+            body(args)
+        except _USER_ERRORS as exc:
+            lines = str(exc).strip().splitlines() or [type(exc).__name__]
+            print(f"fanin {name}: error: {lines[0]}", file=sys.stderr)
+            return 2
+        return 0
+
+    run.__name__ = f"cmd_{name}"
+    run.__doc__ = f"Run ``fanin {name}``; 0 on success, 2 (one stderr line) on a user error."
+    return run
+
+
+def _query(args: argparse.Namespace) -> None:
+    text = run_query(args.dir, args.sql, args.format, args.out)
+    if args.out is None:
+        sys.stdout.write(text)
+
+
+def _report(args: argparse.Namespace) -> None:
+    report = build_report(args.dir)
+    if args.html is not None:
+        write_html(report, args.html)
+    sys.stdout.write(summary_text(report))
+    if args.html is not None:
+        print(f"wrote {args.html}")
+
+
+cmd_query = _guarded("query", _query)
+cmd_report = _guarded("report", _report)
+
+
+def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
+    """Register ``query`` and ``report`` on ``subparsers`` (from ``add_subparsers()``)."""
+    query = subparsers.add_parser(
+        "query", help="run read-only SQL over an output folder",
+        description="Views: closes, late, dead_letter (JSONL and Parquet, unioned).",
+    )
+    query.add_argument("dir", metavar="DIR", help="the pipeline's --output folder")
+    query.add_argument("sql", metavar="SQL", help="one SELECT (or EXPLAIN) statement")
+    query.add_argument("--format", choices=FORMATS, default="table", help="output format")
+    query.add_argument("--out", metavar="FILE", help="write the result to FILE instead of stdout")
+    query.set_defaults(func=cmd_query)
+
+    report = subparsers.add_parser("report", help="summarise an output folder")
+    report.add_argument("dir", metavar="DIR", help="the pipeline's --output folder")
+    report.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report")
+    report.set_defaults(func=cmd_report)

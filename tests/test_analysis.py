@@ -1,0 +1,393 @@
+"""fanin.analysis: schemas, Parquet, BigQuery files, read-only SQL views, CLI and HTML report."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import random
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow.parquet as pq
+import pytest
+
+from fanin.analysis import cli, query, report, tables
+from fanin.analysis._atomic import atomic_write
+from fanin.contracts.timefmt import format_ms
+
+REPO = Path(__file__).resolve().parent.parent
+T0 = 1_767_225_600_000  # 2026-01-01T00:00:00.000Z
+
+# Hand-written lines in exactly the layout of the lead's brief (not produced by our code).
+HAND_CLOSE = (
+    '{"join_id":"h1","contract":"triage","run_id":"r1","reason":"partial",'
+    '"opened_at":"2026-01-01T00:00:00.000Z","deadline":"2026-01-01T00:00:30.000Z",'
+    '"closed_at":"2026-01-01T00:00:30.000Z","latency_ms":30000,"required":["rank","retrieve",'
+    '"verify"],"optional":["enrich"],"pruned":[],"missing":["rank"],"failed":["verify"],'
+    '"values":{"docs":["a","b"],"score":0.5},"branches":{"retrieve":{"status":"ok","key":"docs",'
+    '"attempt":1,"event_time":"2026-01-01T00:00:01.250Z","value":["a","b"],"error":null},'
+    '"verify":{"status":"error","key":"verify","attempt":2,"event_time":"2026-01-01T00:00:03.000Z",'
+    '"value":null,"error":"boom"}},"conflicts":[{"kind":"duplicate_changed","branch":"enrich",'
+    '"key":"enrich","attempt":1},{"kind":"contract_conflict","branch":null,"key":null,'
+    '"contracts":["a","triage"]}],"counts":{"messages":5,"duplicates":1,"superseded":1}}'
+)
+HAND_LATE = (
+    '{"join_id":"h1","reason":"after_deadline","close_reason":"partial","message":{"join_id":"h1",'
+    '"branch":"rank","status":"ok","event_time":"2026-01-01T00:01:00Z","x-extra":true}}'
+)
+HAND_DEAD = (
+    '{"error":"invalid_json","detail":"Expecting value: line 1 column 1","raw":"{nope",'
+    '"source":{"kind":"file","file":"in.jsonl","line":7}}'
+)
+
+
+def close_obj(i: int, rng: random.Random) -> dict[str, Any]:
+    """A valid close (SPEC §5 layout) with varied reason, contract, times and problems."""
+    contract = ("triage", "routed", None)[i % 3]
+    opened = T0 + i * 37_000
+    latency = rng.randint(200, 30_000)
+    reason = rng.choice(("complete", "complete", "partial", "timeout"))
+    missing = [] if reason == "complete" else [rng.choice(["rank", "verify", "review/legal"])]
+    failed = ["verify"] if reason == "timeout" and i % 2 else []
+    conflicts = [{"kind": kind, "branch": "rank", "key": "score", "value": 0.1}
+                 for kind, every in (("key_conflict", 5), ("unknown_branch", 7),
+                                     ("schema_violation", 11)) if i % every == 0]
+    return {
+        "join_id": f"j{i:04d}", "contract": contract, "run_id": f"run{i % 2}", "reason": reason,
+        "opened_at": format_ms(opened), "deadline": format_ms(opened + 30_000),
+        "closed_at": format_ms(opened + latency), "latency_ms": latency,
+        "required": ["rank", "retrieve", "verify"], "optional": ["enrich"], "pruned": [],
+        "missing": missing, "failed": failed, "values": {"score": i / 100},
+        "branches": {"retrieve": {"status": "ok", "key": "retrieve", "attempt": 1,
+                                  "event_time": format_ms(opened + 10), "value": {"n": i},
+                                  "error": None}},
+        "conflicts": conflicts, "counts": {"messages": 4, "duplicates": 0, "superseded": 0},
+    }
+
+
+def sample(n: int = 40) -> dict[str, list[dict[str, Any]]]:
+    """Deterministic synthetic outputs of every kind."""
+    rng = random.Random(7)
+    closes = [close_obj(i, rng) for i in range(n)]
+    late = [{"join_id": c["join_id"], "reason": ("after_close", "after_deadline")[i % 2],
+             "close_reason": c["reason"], "message": {"join_id": c["join_id"], "branch": "rank"}}
+            for i, c in enumerate(closes[: n // 4])]
+    dead = [{"error": ("invalid_json", "undefined_join", "too_large")[i % 3], "detail": "bad",
+             "raw": "{", "source": {"kind": "file", "file": "in.jsonl", "line": i}}
+            for i in range(n // 5)]
+    return {"closes": closes, "late": late, "dead_letter": dead}
+
+
+def write_jsonl(root: Path, data: dict[str, list[dict[str, Any]]], name: str = "part-0") -> None:
+    for kind, objs in data.items():
+        folder = root / kind
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{name}.jsonl").write_text("".join(json.dumps(o) + "\n" for o in objs))
+
+
+def write_parquet(root: Path, data: dict[str, list[dict[str, Any]]], name: str = "part-0") -> None:
+    for kind, objs in data.items():
+        tables.write_parquet(kind, objs, root / kind, name)
+
+
+def select(root: Path, sql: str) -> list[tuple]:
+    con = query.open_outputs(root)
+    try:
+        return con.execute(sql).fetchall()
+    finally:
+        con.close()
+
+
+# --- schemas -------------------------------------------------------------------------------
+
+def test_schema_columns_follow_the_layout_and_are_stable() -> None:
+    assert tables.schema("closes").names == [
+        "join_id", "contract", "run_id", "reason", "opened_at", "deadline", "closed_at",
+        "latency_ms", "required", "optional", "pruned", "missing", "failed", "values",
+        "branches", "conflicts", "counts"]
+    assert tables.schema("late").names == ["join_id", "reason", "close_reason", "message"]
+    assert tables.schema("dead_letter").names == ["error", "detail", "raw", "source", "raw_base64"]
+    assert str(tables.schema("closes").field("closed_at").type) == "timestamp[ms, tz=UTC]"
+    first, again = (tables.to_table("closes", sample(10)["closes"]) for _ in range(2))
+    assert first.equals(again) and first.schema.serialize() == again.schema.serialize()
+    with pytest.raises(ValueError, match="unknown output kind"):
+        tables.schema("nope")
+
+
+def test_to_row_is_lossless_and_strict() -> None:
+    row = tables.to_row("closes", json.loads(HAND_CLOSE))
+    assert [b["branch"] for b in row["branches"]] == ["retrieve", "verify"]
+    assert row["branches"][0]["event_time"] == T0 + 1250
+    assert json.loads(row["values"]) == {"docs": ["a", "b"], "score": 0.5}
+    assert json.loads(row["conflicts"][1]["extra"] or "null") is None
+    extra = tables.to_row("closes", {**json.loads(HAND_CLOSE), "conflicts": [
+        {"kind": "open_conflict", "branch": None, "key": None, "new_field": [1]}]})
+    assert json.loads(extra["conflicts"][0]["extra"]) == {"new_field": [1]}
+    good = json.loads(HAND_CLOSE)
+    bad_cases = [
+        {k: v for k, v in good.items() if k != "counts"},
+        {**good, "surprise": 1},
+        {**good, "closed_at": "2026-01-01 00:00:30"},
+        {**good, "latency_ms": "30000"},
+        {**good, "latency_ms": True},
+        {**good, "required": "rank"},
+        {**good, "counts": {**good["counts"], "other": 1}},
+        {**good, "branches": {"x": {"status": "ok", "colour": "red"}}},
+    ]
+    for bad in bad_cases:
+        with pytest.raises(ValueError):
+            tables.to_row("closes", bad)
+
+
+# --- Parquet -------------------------------------------------------------------------------
+
+def test_parquet_round_trip_and_partitions(tmp_path: Path) -> None:
+    objs = sample(10)["closes"] + [json.loads(HAND_CLOSE)]
+    objs[0] = {**objs[0], "closed_at": "2026-01-02T00:00:00.001Z"}
+    paths = tables.write_parquet("closes", objs, tmp_path / "closes", "b0")
+    assert [Path(p).relative_to(tmp_path).as_posix() for p in paths] == [
+        "closes/close_date=2026-01-01/b0.parquet", "closes/close_date=2026-01-02/b0.parquet"]
+    back = [r for p in paths for r in pq.read_table(p).to_pylist()]
+    assert sorted(back, key=lambda r: r["join_id"]) == sorted(
+        tables.to_table("closes", objs).to_pylist(), key=lambda r: r["join_id"])
+    assert pq.read_schema(paths[0]).remove_metadata().equals(tables.schema("closes"))
+    late = tables.write_parquet("late", [json.loads(HAND_LATE)], tmp_path / "late", "b0")
+    assert late == [str(tmp_path / "late" / "b0.parquet")]
+    assert tables.write_parquet("dead_letter", [], tmp_path / "dead_letter", "b0") == []
+    assert not [p for p in tmp_path.rglob("*") if p.name.startswith(".")]
+
+
+def test_atomic_write_leaves_nothing_on_failure(tmp_path: Path) -> None:
+    def crash(fh: Any) -> None:
+        fh.write(b"PAR1 half")
+        raise RuntimeError("disk gone")
+
+    with pytest.raises(RuntimeError):
+        atomic_write(tmp_path / "x.parquet", crash)
+    assert list(tmp_path.iterdir()) == []
+
+
+# --- BigQuery ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", tables.KINDS)
+def test_bigquery_schema_files_match(kind: str) -> None:
+    committed = (REPO / "fanin" / "analysis" / "bigquery" / f"{kind}.json").read_text()
+    assert committed == tables.bigquery_schema_text(kind)
+    assert [f["name"] for f in json.loads(committed)] == tables.schema(kind).names
+
+
+def test_bigquery_rows_are_json_and_fit_the_schema() -> None:
+    row = tables.to_bigquery_row("closes", json.loads(HAND_CLOSE))
+    assert json.loads(json.dumps(row)) == row
+    assert row["closed_at"] == "2026-01-01T00:00:30.000Z"
+    assert row["branches"][0]["event_time"] == "2026-01-01T00:00:01.250Z"
+    assert row["conflicts"][0]["contracts"] == []  # REPEATED is never NULL
+    modes = {f["name"]: f["mode"] for f in tables.bigquery_schema("closes")}
+    assert modes["required"] == modes["branches"] == "REPEATED" and modes["run_id"] == "NULLABLE"
+
+
+# --- query views ---------------------------------------------------------------------------
+
+def test_views_identical_for_jsonl_and_parquet_and_unioned(tmp_path: Path) -> None:
+    data = sample()
+    write_jsonl(tmp_path / "j", data)
+    write_parquet(tmp_path / "p", data)
+    write_jsonl(tmp_path / "both", data)
+    write_parquet(tmp_path / "both", data)
+    for kind in tables.KINDS:
+        sql = f"SELECT * FROM {kind} ORDER BY ALL"
+        assert select(tmp_path / "j", sql) == select(tmp_path / "p", sql) != []
+        assert len(select(tmp_path / "both", sql)) == 2 * len(data[kind])
+        describe = f"SELECT column_name, column_type FROM (DESCRIBE {kind})"
+        assert select(tmp_path / "j", describe) == select(tmp_path / "p", describe)
+        assert [r[0] for r in select(tmp_path / "both", describe)] == tables.schema(kind).names
+
+
+def test_views_exist_for_empty_and_missing_folders(tmp_path: Path) -> None:
+    (tmp_path / "closes").mkdir()
+    (tmp_path / "closes" / ".hidden.jsonl").write_text("not json\n")
+    (tmp_path / "late" / "_temp").mkdir(parents=True)
+    (tmp_path / "late" / "_temp" / "x.jsonl").write_text("not json\n")
+    full = tmp_path.parent / f"{tmp_path.name}-full"
+    write_parquet(full, sample(5))
+    for kind in tables.KINDS:
+        assert select(tmp_path, f"SELECT count(*) FROM {kind}") == [(0,)]
+        describe = f"SELECT column_name, column_type FROM (DESCRIBE {kind})"
+        assert select(tmp_path, describe) == select(full, describe)
+
+
+def test_hand_written_lines_are_queryable(tmp_path: Path) -> None:
+    for kind, line in (("closes", HAND_CLOSE), ("late", HAND_LATE), ("dead_letter", HAND_DEAD)):
+        (tmp_path / kind).mkdir()
+        (tmp_path / kind / "w0-s000.jsonl").write_text(line + "\n\n")
+    assert select(tmp_path, "SELECT \"values\"->>'$.score', counts.messages, "
+                  "strftime(closed_at, '%Y-%m-%dT%H:%M:%S.%gZ') FROM closes") == [
+        ("0.5", 5, "2026-01-01T00:00:30.000Z")]
+    assert select(tmp_path, "SELECT b.branch, b.status FROM closes, unnest(branches) AS t(b) "
+                  "ORDER BY 1") == [("retrieve", "ok"), ("verify", "error")]
+    assert select(tmp_path, "SELECT message->>'$.x-extra', reason FROM late") == [
+        ("true", "after_deadline")]
+    assert select(tmp_path, "SELECT source->>'$.line' FROM dead_letter") == [("7",)]
+
+
+def test_malformed_output_line_names_file_and_line(tmp_path: Path) -> None:
+    (tmp_path / "late").mkdir()
+    (tmp_path / "late" / "a.jsonl").write_text(HAND_LATE + "\n{\"join_id\": 1}\n")
+    with pytest.raises(ValueError, match=r"a\.jsonl:2: late: missing keys"):
+        query.open_outputs(tmp_path)
+
+
+# --- read-only -----------------------------------------------------------------------------
+
+REFUSED = [
+    "COPY (SELECT 1) TO '{target}'",
+    "COPY closes TO '{target}' (FORMAT parquet)",
+    "ATTACH '{target}' AS other",
+    "INSTALL httpfs",
+    "LOAD httpfs",
+    "EXPORT DATABASE '{target}'",
+    "PRAGMA enable_profiling = 'json'",
+    "SET enable_external_access = true",
+    "CREATE TABLE t AS SELECT 1",
+    "DELETE FROM _closes",
+    "SELECT 1; SELECT 2",
+]
+
+
+@pytest.mark.parametrize("sql", REFUSED)
+def test_writes_are_refused_and_leave_no_file(tmp_path: Path, sql: str) -> None:
+    write_parquet(tmp_path / "out", sample(5))
+    target = tmp_path / "x.csv"
+    with pytest.raises(query.QueryRefused):
+        query.run_query(tmp_path / "out", sql.format(target=target))
+    assert not target.exists()
+
+
+@pytest.mark.parametrize("sql", [s for s in REFUSED if "{target}" in s or s.startswith("SET")])
+def test_locked_connection_cannot_touch_files(tmp_path: Path, sql: str) -> None:
+    """The second layer: even if a statement reaches DuckDB, file access is off and locked."""
+    write_parquet(tmp_path, sample(5))
+    existing = tmp_path / "closes" / "close_date=2026-01-01" / "part-0.parquet"
+    con = query.open_outputs(tmp_path)
+    for target in (tmp_path / "x.csv", existing):
+        with pytest.raises(duckdb.Error):
+            con.execute(sql.format(target=target))
+    assert not (tmp_path / "x.csv").exists()
+    assert pq.read_table(existing).num_rows > 0
+    assert con.execute("SELECT count(*) FROM closes").fetchone()[0] == 5  # views still work
+
+
+def test_file_readers_are_disabled(tmp_path: Path) -> None:
+    write_jsonl(tmp_path, sample(5))
+    with pytest.raises(duckdb.Error, match="disabled"):
+        query.run_query(tmp_path, f"SELECT * FROM read_text('{tmp_path / 'late'}/part-0.jsonl')")
+
+
+# --- formats and --out ---------------------------------------------------------------------
+
+def test_csv_json_table_and_out(tmp_path: Path) -> None:
+    write_jsonl(tmp_path, sample())
+    sql = "SELECT join_id, closed_at, \"values\", missing FROM closes ORDER BY join_id LIMIT 2"
+    rows = list(csv.reader(io.StringIO(query.run_query(tmp_path, sql, "csv"))))
+    assert rows[0] == ["join_id", "closed_at", "values", "missing"]
+    assert rows[1][0] == "j0000" and rows[1][1].endswith("Z") and json.loads(rows[1][2])
+    objs = json.loads(query.run_query(tmp_path, sql, "json"))
+    assert objs[0]["values"] == {"score": 0.0} and isinstance(objs[0]["missing"], list)
+    assert objs[0]["closed_at"] == rows[1][1]
+    table = query.run_query(tmp_path, sql)
+    assert table.splitlines()[0].split(" | ")[0].strip() == "join_id" and "(2 rows)" in table
+    out = tmp_path / "res.json"
+    text = query.run_query(tmp_path, sql, "json", out=out)
+    assert out.read_text() == text
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "closes", "dead_letter", "late", "res.json"]
+
+
+def _cli(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="fanin")
+    cli.add_subcommand(parser.add_subparsers())
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+def test_cli_errors_are_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    write_jsonl(tmp_path, sample(5))
+    cases = [["query", str(tmp_path / "nope"), "SELECT 1"],
+             ["query", str(tmp_path), "SELEC 1"],
+             ["query", str(tmp_path), "SELECT * FROM nowhere"],
+             ["query", str(tmp_path), "COPY (SELECT 1) TO 'x.csv'"],
+             ["report", str(tmp_path / "nope")]]
+    for argv in cases:
+        assert _cli(argv) == 2
+        captured = capsys.readouterr()
+        assert captured.out == "" and captured.err.count("\n") == 1, argv
+        assert captured.err.startswith(f"fanin {argv[0]}: error: ")
+
+
+def test_cli_query_and_report(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    write_jsonl(tmp_path, sample(5))
+    assert _cli(["query", str(tmp_path), "SELECT count(*) n FROM closes", "--format", "csv"]) == 0
+    assert capsys.readouterr().out == "n\n5\n"
+    out = tmp_path / "n.csv"
+    assert _cli(["query", str(tmp_path), "SELECT 1 one", "--format", "csv", "--out", str(out)]) == 0
+    assert capsys.readouterr().out == "" and out.read_text() == "one\n1\n"
+    html = tmp_path / "r.html"
+    assert _cli(["report", str(tmp_path), "--html", str(html)]) == 0
+    assert "closes:       5" in capsys.readouterr().out and html.is_file()
+
+
+# --- report --------------------------------------------------------------------------------
+
+CHART_IDS = ["close-reasons", "latency", "missing", "failed", "conflicts", "late", "dead-letters"]
+
+
+def _sections(html: str) -> dict[str, str]:
+    parts = html.split('<section id="chart-')[1:]
+    return {p.split('"', 1)[0]: p.split("</section>", 1)[0] for p in parts}
+
+
+def test_report_every_chart_has_data(tmp_path: Path) -> None:
+    write_jsonl(tmp_path, sample())
+    write_parquet(tmp_path, sample(), "more")
+    rep = report.build_report(tmp_path)
+    assert rep.rows == {"closes": 80, "late": 20, "dead_letter": 16}
+    reasons = rep.chart("close-reasons")
+    assert sum(reasons.total(r) for r in ("complete", "partial", "timeout")) == 80
+    assert rep.chart("latency").categories == ("(no contract)", "routed", "triage")
+    path = tmp_path / "report.html"
+    report.write_html(rep, path)
+    html = path.read_text()
+    sections = _sections(html)
+    assert list(sections) == CHART_IDS
+    for chart_id, body in sections.items():
+        assert "<svg" in body and "<rect" in body and "nodata" not in body, chart_id
+    assert html.count("http") == html.count('xmlns="http://www.w3.org/2000/svg"')
+    assert "src=" not in html and "<script" not in html and "<link" not in html
+    text = report.summary_text(rep)
+    assert "closes:       80" in text and "dead letters: 16" in text
+
+
+def test_report_empty_shows_no_data(tmp_path: Path) -> None:
+    rep = report.build_report(tmp_path)
+    path = tmp_path / "empty.html"
+    report.write_html(rep, path)
+    sections = _sections(path.read_text())
+    assert list(sections) == CHART_IDS
+    assert all('<p class="nodata">No data</p>' in b and "<svg" not in b for b in sections.values())
+    assert "latency:      n/a" in report.summary_text(rep)
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="chromium is not on PATH")
+def test_report_renders_in_headless_chromium(tmp_path: Path) -> None:
+    write_jsonl(tmp_path, sample())
+    html = tmp_path / "report.html"
+    report.write_html(report.build_report(tmp_path), html)
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "check_report.py"), str(html),
+                           str(tmp_path / "shot.png")], capture_output=True, text=True, timeout=90)
+    assert done.returncode == 0, done.stdout + done.stderr
