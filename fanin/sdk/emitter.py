@@ -108,10 +108,7 @@ class Emitter:
              error: str | None = None, key: str | None = None,
              attempt: int | None = None) -> dict[str, Any]:
         """Emit one receipt now (attempt per the counter unless given). Returns the message."""
-        if status == "skipped":
-            chosen = 1
-        else:
-            chosen = self._next_attempt(ctx.join_id, branch, attempt)
+        chosen = 1 if status == "skipped" else self._next_attempt(ctx.join_id, branch, attempt)
         return self._send(receipt_message(ctx, branch, status, now_rfc3339(self.clock),
                                           self.new_id(), attempt=chosen, key=key, value=value,
                                           error=error))

@@ -19,8 +19,8 @@ Guarantees:
 from __future__ import annotations
 
 import os
-from abc import ABC, abstractmethod
 import threading
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
