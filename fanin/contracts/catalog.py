@@ -67,7 +67,9 @@ class Contract(BaseModel):
             try:
                 jsonschema.Draft202012Validator.check_schema(schema)
             except jsonschema.SchemaError as exc:
-                raise ValueError(f"schema for key {key!r} is not a valid JSON Schema: {exc.message}")
+                raise ValueError(
+                    f"schema for key {key!r} is not a valid JSON Schema: {exc.message}"
+                ) from None
         return value
 
     @model_validator(mode="after")
@@ -112,9 +114,8 @@ class Definition:
     validators: Mapping[str, Any]
     # prefix -> declared branches equal to it or below it (for pruning by path prefix)
     under: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-
-    def declared(self, branch: str) -> bool:
-        return self.required is not None and (branch in self.required or branch in self.optional)
+    # declared branch -> 1 if required, 0 if optional
+    role: Mapping[str, int] = field(default_factory=dict)
 
 
 def _prefix_index(branches: frozenset[str]) -> dict[str, tuple[str, ...]]:
@@ -174,7 +175,8 @@ class Catalog:
         req = pick(required, "required", None)
         req_set = None if req is None else frozenset(req)
         opt_set = frozenset(pick(optional, "optional", ())) - (req_set or frozenset())
-        deadline = deadline_ms if deadline_ms is not None else _ms(pick(None, "deadline_s", dflt.deadline_s))
+        deadline = deadline_ms if deadline_ms is not None else \
+            _ms(pick(None, "deadline_s", dflt.deadline_s))
         definition = Definition(
             contract=contract,
             required=req_set,
@@ -186,6 +188,7 @@ class Catalog:
             retention_ms=_ms(pick(None, "retention_s", dflt.retention_s)),
             validators=self._validators.get(contract, {}) if contract else {},
             under=_prefix_index((req_set or frozenset()) | opt_set),
+            role={**dict.fromkeys(opt_set, 0), **dict.fromkeys(req_set or (), 1)},
         )
         if len(self._definitions) > 4096:
             self._definitions.clear()

@@ -38,7 +38,8 @@ ERRORS = (
 )
 
 
-def dead_letter(error: str, detail: str, raw: str | bytes, source: dict[str, Any]) -> dict[str, Any]:
+def dead_letter(error: str, detail: str, raw: str | bytes, source: dict[str, Any]
+                ) -> dict[str, Any]:
     """Build a dead-letter object; bytes that are not UTF-8 are kept exactly in ``raw_base64``."""
     line: dict[str, Any] = {"error": error, "detail": detail}
     if isinstance(raw, bytes):
@@ -87,7 +88,8 @@ def _receipt_record(msg: ReceiptMessage, text: str, source: dict[str, Any]) -> R
 
 
 def parse_message(data: bytes | str, source: dict[str, Any], contracts: Container[str],
-                  max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[R.Record | None, dict[str, Any] | None]:
+                  max_bytes: int = DEFAULT_MAX_BYTES
+                  ) -> tuple[R.Record | None, dict[str, Any] | None]:
     """Validate one message. Returns ``(record, None)`` or ``(None, dead_letter)``."""
     if isinstance(data, bytes):
         if len(data) > max_bytes:

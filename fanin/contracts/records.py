@@ -43,9 +43,9 @@ __all__ = [
     "R_STATUS",
     "R_VALUE",
     "R_VALUE_CANON",
-    "Record",
     "SOURCE",
     "TIME",
+    "Record",
 ]
 
 Record = tuple[Any, ...]

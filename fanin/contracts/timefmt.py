@@ -57,7 +57,7 @@ MAX_MS = _days_from_civil(10000, 1, 1) * _MS_PER_DAY - 1
 
 
 def parse_rfc3339(text: str) -> int:
-    """Parse an RFC 3339 date-time into epoch milliseconds (UTC), truncating sub-millisecond digits."""
+    """Parse an RFC 3339 date-time into epoch ms (UTC), truncating sub-millisecond digits."""
     match = _RFC3339.match(text)
     if match is None:
         raise ValueError("not an RFC 3339 date-time (YYYY-MM-DDThh:mm:ss[.fff](Z|+hh:mm))")

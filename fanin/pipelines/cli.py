@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -41,6 +42,8 @@ def _add_run(subparsers: argparse._SubParsersAction) -> None:
     src.add_argument("--max-disorder-s", type=float, default=0.0,
                      help="replay watermark trails the largest event time by this (seconds)")
     run.add_argument("--output", required=True, metavar="DIR")
+    run.add_argument("--overwrite", action="store_true",
+                     help="replace the outputs of an earlier run in DIR")
     run.add_argument("--contracts", metavar="FILE", help="YAML contracts file")
     run.add_argument("--format", action="append", choices=("jsonl", "parquet"),
                      help="output format; repeat for both (default jsonl)")
@@ -75,29 +78,49 @@ def _run(args: argparse.Namespace, beam_args: Sequence[str]) -> int:
             defaults=defaults, formats=tuple(args.format or ("jsonl",)), replay=args.replay,
             max_disorder_s=args.max_disorder_s, max_bytes=args.max_bytes,
             max_messages_per_join=args.max_messages_per_join, window_s=args.window_s,
-            shards=args.shards, subscription=args.subscription, topic=args.topic)
-        result = run_pipeline(config, beam_args)
+            shards=args.shards, subscription=args.subscription, topic=args.topic,
+            overwrite=args.overwrite)
+        run_pipeline(config, beam_args)
     except (ConfigError, ContractsError, FileNotFoundError, ValueError) as exc:
         print(f"fanin: error: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 2
-    _summary(result, args.output)
+    if "://" not in args.output and "jsonl" in config.formats:
+        _summary(args.output)
     return 0
 
 
-def _summary(result: object, output: str) -> None:
-    try:
-        counters = result.metrics().query()["counters"]  # type: ignore[attr-defined]
-    except Exception:  # runners without metrics support
-        counters = []
-    totals: dict[str, int] = {}
-    for counter in counters:
-        name = counter.key.metric.name
-        group = name.split(".", 1)[0]
-        totals[group] = totals.get(group, 0) + counter.committed
-    parts = [f"{name}={totals.get(name, 0)}" for name in
-             ("messages", "closes", "late", "dead_letter")]
-    print(f"fanin: done: {' '.join(parts)}; outputs in {output}/"
-          "{closes,late,dead_letter}/", file=sys.stderr)
+def _summary(output: str) -> None:
+    """One line: what the run wrote (counted from the files, which every runner honours)."""
+    counts = {}
+    for kind in ("closes", "late", "dead_letter"):
+        folder = os.path.join(output, kind)
+        total = 0
+        if os.path.isdir(folder):
+            for name in os.listdir(folder):
+                if name.endswith(".jsonl"):
+                    with open(os.path.join(folder, name), "rb") as handle:
+                        total += sum(1 for _ in handle)
+        counts[kind] = total
+    parts = " ".join(f"{kind}={n}" for kind, n in counts.items())
+    print(f"fanin: done: {parts}; outputs in {output}/{{closes,late,dead_letter}}/",
+          file=sys.stderr)
+
+
+def _unknown_beam_args(args: Sequence[str]) -> list[str]:
+    """Arguments that neither Fanin nor any Beam ``PipelineOptions`` knows (bad values raise)."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    class _Raising(argparse.ArgumentParser):
+        def error(self, message: str) -> None:  # a Beam option with a bad value
+            raise ValueError(message)
+
+    parser = _Raising(allow_abbrev=False, add_help=False)
+    seen: dict[str, type] = {}
+    for cls in PipelineOptions.__subclasses__():
+        seen.setdefault(str(cls), cls)
+    for cls in seen.values():
+        cls._add_argparse_args(parser)
+    return parser.parse_known_args(list(args))[1]
 
 
 def _parser() -> _Parser:
@@ -105,10 +128,7 @@ def _parser() -> _Parser:
     subparsers = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _add_run(subparsers)
     for module in _PLUGINS:
-        try:
-            importlib.import_module(module).add_subcommand(subparsers)
-        except ModuleNotFoundError:
-            continue
+        importlib.import_module(module).add_subcommand(subparsers)
     return parser
 
 
@@ -120,6 +140,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command != "run" and rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.command == "run":
+        try:
+            unknown = _unknown_beam_args(rest)
+        except ValueError as exc:
+            parser.error(str(exc))
+        if unknown:
+            parser.error(f"unrecognized arguments: {' '.join(unknown)}")
         return args.func(args, rest)
     return args.func(args)
 

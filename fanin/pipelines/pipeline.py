@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -54,6 +55,7 @@ class RunConfig:
     shards: int = 1
     subscription: str | None = None
     topic: str | None = None
+    overwrite: bool = False
 
     def validate(self) -> None:
         if not self.output:
@@ -124,6 +126,18 @@ def build(p: beam.Pipeline, config: RunConfig, catalog: Catalog) -> dict[str, be
     return outputs
 
 
+def _prepare_output(output: str, overwrite: bool) -> None:
+    """Create the three folders; refuse to mix with an earlier run's files unless asked."""
+    for kind in (CLOSES, LATE, DEAD_LETTER):
+        folder = os.path.join(output, kind)
+        if os.path.isdir(folder) and os.listdir(folder):
+            if not overwrite:
+                raise ConfigError(f"{output} already holds outputs; pass --overwrite to "
+                                  "replace them")
+            shutil.rmtree(folder)
+        os.makedirs(folder, exist_ok=True)
+
+
 def run_pipeline(config: RunConfig, beam_args: Sequence[str]) -> beam.runners.runner.PipelineResult:
     """Validate, build and run the job; blocks until a bounded run finishes."""
     config.validate()
@@ -135,8 +149,7 @@ def run_pipeline(config: RunConfig, beam_args: Sequence[str]) -> beam.runners.ru
     if config.streaming:
         standard.streaming = True
     if "://" not in config.output:
-        for kind in (CLOSES, LATE, DEAD_LETTER):
-            os.makedirs(os.path.join(config.output, kind), exist_ok=True)
+        _prepare_output(config.output, config.overwrite)
     _LOG.info("fanin: runner %s, %s input", runner,
               "streaming" if config.streaming else "bounded")
     p = beam.Pipeline(options=options)

@@ -97,7 +97,8 @@ def decide(records: list[R.Record], catalog: Catalog, horizon: int | None
             opened = reducer.opened_at()
             assert opened is not None
             closed_at = max(t, opened)
-            if horizon is None or closed_at <= horizon or reducer.definition.close_trigger == "eager":
+            eager = reducer.definition.close_trigger == "eager"
+            if horizon is None or closed_at <= horizon or eager:
                 deadline = reducer.deadline()
                 assert deadline is not None
                 return _closed(reducer, closed_at, ordered, i, deadline)

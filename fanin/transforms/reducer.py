@@ -27,6 +27,7 @@ Choices where SPEC is silent (see docs/semantics.md):
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Any
 
 from fanin.contracts import records as R
@@ -38,6 +39,10 @@ __all__ = ["JoinReducer"]
 _REQ_MISSING, _REQ_UNREPORTED, _CONFLICTS, _KEYENTRY = range(4)
 _NONE = (0, 0, 0, None)
 _REQ_EMPTY = (1, 1, 0, None)
+# Shared read-only empties: most joins never skip, name a contract or prune; a real container
+# replaces the sentinel on first write (fewer allocations = less GC work per join).
+_NO_MAP: Any = MappingProxyType({})
+_NO_SET: frozenset[str] = frozenset()
 
 
 def _earlier(a: R.Record, b: R.Record) -> bool:
@@ -47,25 +52,29 @@ def _earlier(a: R.Record, b: R.Record) -> bool:
 
 
 class _Branch:
-    """All non-skip receipts of one branch path."""
+    """All non-skip receipts of one branch path (a branch with one receipt is just the record).
 
-    __slots__ = ("cand", "groups", "max_attempt", "schema")
+    ``cand``: content -> first record, at ``max_attempt``; ``lower``: the (attempt, content)
+    groups seen below ``max_attempt`` (created on first need); ``schema``: cached
+    (content, violation or None).
+    """
 
-    def __init__(self) -> None:
-        self.max_attempt = 0
-        self.cand: dict[str, R.Record] = {}  # content -> first record, at max_attempt
-        self.groups: set[tuple[int, str]] = set()  # (attempt, content) seen
-        self.schema: tuple[str, str | None] | None = None  # (content, violation or None)
+    __slots__ = ("cand", "lower", "max_attempt", "schema")
+
+    def __init__(self, attempt: int, content: str, record: R.Record) -> None:
+        self.max_attempt = attempt
+        self.cand: dict[str, R.Record] = {content: record}
+        self.lower: set[tuple[int, str]] | None = None
+        self.schema: tuple[str, str | None] | None = None
 
 
 class JoinReducer:
     """Order-independent state of one join; see the module docstring for the guarantees."""
 
     __slots__ = (
-        "_defn", "_n_conflicts", "_n_missing", "_n_unreported", "_pruned", "_contrib",
-        "_keys", "branches", "catalog", "contract_names", "dup_other", "duplicates",
+        "_contrib", "_defn", "_first", "_keys", "_n_conflicts", "_n_missing", "_n_unreported",
+        "_pruned", "branches", "catalog", "contract_names", "dup_other", "duplicates",
         "messages", "min_event", "min_receipt_opened", "opens", "skips", "superseded",
-        "_unknown_skips",
     )
 
     def __init__(self, catalog: Catalog) -> None:
@@ -75,11 +84,12 @@ class JoinReducer:
         self.superseded = 0
         self.dup_other = 0
         self.opens: dict[str, R.Record] = {}  # canon -> first open record
-        self.contract_names: dict[str, int] = {}
+        self._first: R.Record | None = None  # the defining open
+        self.contract_names: dict[str, int] = _NO_MAP
         self.min_event: int | None = None
         self.min_receipt_opened: int | None = None
-        self.branches: dict[str, _Branch] = {}
-        self.skips: dict[str, R.Record] = {}  # skipped path -> first skip record
+        self.branches: dict[str, _Branch | R.Record] = {}
+        self.skips: dict[str, R.Record] = _NO_MAP  # skipped path -> first skip record
         self._defn: Definition | None = None
         self._reset_derived()
 
@@ -88,24 +98,23 @@ class JoinReducer:
         self._n_missing = 0
         self._n_unreported = 0
         self._n_conflicts = 0
-        self._pruned: set[str] = set()
-        self._unknown_skips = 0
-        self._contrib: dict[str, tuple[int, int, int, Any]] = {}
-        self._keys: dict[str, dict[str, int]] = {}
+        self._pruned: set[str] = _NO_SET
+        # explicit contributions; a one-receipt ok branch on the fast path has an implicit one
+        self._contrib: dict[str, tuple[int, int, int, Any]] = _NO_MAP
+        # key -> value canon (one writer) or [writers, {value canon: writers}]
+        self._keys: dict[str, Any] = {}
 
     def defining_open(self) -> R.Record | None:
-        if not self.opens:
-            return None
-        return min(self.opens.values(), key=lambda o: (o[R.TIME], o[R.O_CANON]))
+        return self._first
 
     def contract(self) -> str | None:
-        first = self.defining_open()
+        first = self._first
         if first is not None and first[R.CONTRACT] is not None:
             return first[R.CONTRACT]
         return min(self.contract_names) if self.contract_names else None
 
     def _resolve(self) -> Definition:
-        first = self.defining_open()
+        first = self._first
         contract = self.contract()
         if first is None:
             return self.catalog.definition(contract, None, None, None, None, None)
@@ -121,13 +130,12 @@ class JoinReducer:
         self._reset_derived()
         if defn.required is None:
             return
+        self._n_missing = self._n_unreported = len(defn.required)
+        # every branch's contribution becomes explicit first; then the skips prune
+        for name, entry in self.branches.items():
+            self._set_contrib(name, self._contribution(name, entry), self._baseline(name))
         for path in self.skips:
             self._apply_skip(path)
-        for name in defn.required:
-            if name not in self._pruned:
-                self._set_contrib(name, _REQ_EMPTY)
-        for name in self.branches:
-            self._update(name)
 
     @property
     def definition(self) -> Definition:
@@ -136,9 +144,36 @@ class JoinReducer:
         return self._defn
 
     # ------------------------------------------------------------------ derived counters
-    def _set_contrib(self, name: str, new: tuple[int, int, int, Any]) -> None:
-        old = self._contrib.get(name, _NONE)
+    def _baseline(self, name: str) -> tuple[int, int, int, Any]:
+        """The contribution of a declared branch with no receipts (required: missing)."""
+        defn = self._defn
+        assert defn is not None
+        if defn.role.get(name) == 1 and name not in self._pruned:
+            return _REQ_EMPTY
+        return _NONE
+
+    def _old(self, name: str) -> tuple[int, int, int, Any]:
+        """``name``'s current contribution: explicit, implicit (fast path) or the baseline."""
+        old = self._contrib.get(name)
+        if old is not None:
+            return old
+        entry = self.branches.get(name)
+        defn = self._defn
+        if type(entry) is tuple and defn is not None and entry[R.R_STATUS] == "ok" and \
+                not defn.validators and defn.role.get(name) is not None and \
+                name not in self._pruned:
+            return (0, 0, 0, (entry[R.R_KEY], entry[R.R_VALUE_CANON]))
+        return self._baseline(name)
+
+    def _set_contrib(self, name: str, new: tuple[int, int, int, Any],
+                     old: tuple[int, int, int, Any] | None = None) -> None:
+        """Replace ``name``'s contribution to the counters."""
+        if old is None:
+            old = self._old(name)
+        if self._contrib is _NO_MAP:
+            self._contrib = {}
         if old == new:
+            self._contrib[name] = new
             return
         self._n_missing += new[0] - old[0]
         self._n_unreported += new[1] - old[1]
@@ -148,53 +183,72 @@ class JoinReducer:
                 self._key_entry(old[3], -1)
             if new[3] is not None:
                 self._key_entry(new[3], 1)
-        if new == _NONE:
-            self._contrib.pop(name, None)
-        else:
-            self._contrib[name] = new
+        self._contrib[name] = new
 
     def _key_entry(self, entry: tuple[str, str], delta: int) -> None:
+        """Add/remove one writer of ``key = value``; key conflicts count every writer."""
         key, value = entry
-        values = self._keys.setdefault(key, {})
-        before = sum(values.values()) if len(values) > 1 else 0
+        keys = self._keys
+        slot = keys.get(key)
+        if slot is None:  # first writer of the key (only added writers are ever removed)
+            keys[key] = value
+            return
+        if type(slot) is str:  # one writer so far
+            if delta < 0:
+                del keys[key]
+                return
+            if slot == value:
+                keys[key] = [2, {value: 2}]
+            else:
+                keys[key] = [2, {slot: 1, value: 1}]
+                self._n_conflicts += 2
+            return
+        values = slot[1]
+        before = slot[0] if len(values) > 1 else 0
+        slot[0] += delta
         count = values.get(value, 0) + delta
         if count:
             values[value] = count
         else:
             del values[value]
-        after = sum(values.values()) if len(values) > 1 else 0
+        after = slot[0] if len(values) > 1 else 0
         self._n_conflicts += after - before
         if not values:
             del self._keys[key]
 
-    def _contribution(self, name: str, branch: _Branch | None) -> tuple[int, int, int, Any]:
+    def _contribution(self, name: str, branch: _Branch | R.Record | None
+                      ) -> tuple[int, int, int, Any]:
         defn = self._defn
         assert defn is not None and defn.required is not None
-        declared = name in defn.required or name in defn.optional
-        if not declared:
+        required = defn.role.get(name)
+        if required is None or name in self._pruned:  # unknown, or pruned
             return (0, 0, 1, None) if branch is not None else _NONE
-        if name in self._pruned:
-            return (0, 0, 1, None) if branch is not None else _NONE
-        required = 1 if name in defn.required else 0
-        if branch is None or not branch.cand:
+        if branch is None:
             return (required, required, 0, None)
-        if len(branch.cand) > 1:
+        cand = _candidates(branch)
+        if len(cand) > 1:
             return (required, required, 1, None)
-        (content, record), = branch.cand.items()
-        if record[R.R_STATUS] != "ok":
-            return (required, 0, 0, None)
-        bad = 0
-        validator = defn.validators.get(record[R.R_KEY])
-        if validator is not None:
-            bad = 1 if self._violation(branch, content, record, validator) else 0
-        return (0, 0, bad, (record[R.R_KEY], record[R.R_VALUE_CANON]))
+        for content, record in cand.items():
+            if record[R.R_STATUS] != "ok":
+                return (required, 0, 0, None)
+            validator = defn.validators.get(record[R.R_KEY]) if defn.validators else None
+            bad = 1 if validator is not None and \
+                self._violation(branch, content, record, validator) else 0
+            return (0, 0, bad, (record[R.R_KEY], record[R.R_VALUE_CANON]))
+        raise AssertionError("a branch always has a candidate")
 
     @staticmethod
-    def _violation(branch: _Branch, content: str, record: R.Record, validator: Any) -> str | None:
-        if branch.schema is None or branch.schema[0] != content:
-            error = next(iter(validator.iter_errors(record[R.R_VALUE])), None)
-            branch.schema = (content, None if error is None else error.message[:500])
-        return branch.schema[1]
+    def _violation(branch: _Branch | R.Record, content: str, record: R.Record, validator: Any
+                   ) -> str | None:
+        """The schema error of an ok value, or None; cached on a ``_Branch``."""
+        if type(branch) is _Branch and branch.schema is not None and \
+                branch.schema[0] == content:
+            return branch.schema[1]
+        error = next(iter(validator.iter_errors(record[R.R_VALUE])), None)
+        problem = None if error is None else error.message[:500]
+        if type(branch) is _Branch:
+            branch.schema = (content, problem)
+        return problem
 
     def _update(self, name: str) -> None:
         self._set_contrib(name, self._contribution(name, self.branches.get(name)))
@@ -205,45 +259,60 @@ class JoinReducer:
         assert defn is not None
         covered = defn.under.get(path)
         if not covered:
-            self._unknown_skips += 1
-            self._n_conflicts += 1
+            self._n_conflicts += 1  # unknown_branch: the skip prunes nothing
             return
         for name in covered:
             if name not in self._pruned:
+                self._materialize(name)
+                if self._pruned is _NO_SET:
+                    self._pruned = set()
                 self._pruned.add(name)
                 self._update(name)
+
+    def _materialize(self, name: str) -> None:
+        """Store ``name``'s implicit contribution before what it depends on changes."""
+        if self._defn is not None and self._defn.required is not None and \
+                name not in self._contrib:
+            if self._contrib is _NO_MAP:
+                self._contrib = {}
+            self._contrib[name] = self._old(name)
 
     # ------------------------------------------------------------------ folding
     def add(self, record: R.Record) -> None:
         """Fold one validated record into the join (any order)."""
         self.messages += 1
         t = record[R.TIME]
+        if self.min_event is None or t < self.min_event:
+            self.min_event = t
         contract = record[R.CONTRACT]
         redefine = False
         if contract is not None:
             count = self.contract_names.get(contract, 0)
+            if self.contract_names is _NO_MAP:
+                self.contract_names = {}
             self.contract_names[contract] = count + 1
-            if count == 0:
-                redefine = True
+            redefine = count == 0
         if record[R.KIND] == R.OPEN:
             canon = record[R.O_CANON]
             seen = self.opens.get(canon)
             if seen is None:
                 self.opens[canon] = record
+                first = self._first
+                if first is None or (t, canon) < (first[R.TIME], first[R.O_CANON]):
+                    self._first = record
                 redefine = True
             else:
                 self.dup_other += 1
                 if _earlier(record, seen):
                     self.opens[canon] = record
-            if self.min_event is None or t < self.min_event:
-                self.min_event = t
+                    if self._first is seen:
+                        self._first = record
             if redefine:
                 self._redefine()
             return
-        if self.min_event is None or t < self.min_event:
-            self.min_event = t
         opened = record[R.R_OPENED_AT]
-        if opened is not None and (self.min_receipt_opened is None or opened < self.min_receipt_opened):
+        if opened is not None and (self.min_receipt_opened is None or
+                                   opened < self.min_receipt_opened):
             self.min_receipt_opened = opened
         if redefine:
             self._redefine()
@@ -260,6 +329,8 @@ class JoinReducer:
             if _earlier(record, seen):
                 self.skips[path] = record
             return
+        if self.skips is _NO_MAP:
+            self.skips = {}
         self.skips[path] = record
         defn = self._defn
         if defn is not None and defn.required is not None:
@@ -267,29 +338,61 @@ class JoinReducer:
 
     def _add_receipt(self, record: R.Record) -> None:
         name = record[R.R_BRANCH]
-        branch = self.branches.get(name)
-        if branch is None:
-            branch = self.branches[name] = _Branch()
         attempt = record[R.R_ATTEMPT]
         content = record[R.R_CONTENT]
-        group = (attempt, content)
-        if group in branch.groups:
-            self.duplicates += 1
-            if attempt == branch.max_attempt and _earlier(record, branch.cand[content]):
-                branch.cand[content] = record
+        branches = self.branches
+        branch = branches.get(name)
+        defn = self._defn
+        defined = defn is not None and defn.required is not None
+        if branch is None:
+            branches[name] = record
+            if not defined:
+                return
+            assert defn is not None
+            role = defn.role.get(name)
+            if role is None or record[R.R_STATUS] != "ok" or defn.validators or \
+                    name in self._pruned:
+                self._set_contrib(name, self._contribution(name, record), self._baseline(name))
+                return
+            # fast path: first receipt, ok, of a declared unpruned branch, no schemas; its
+            # contribution stays implicit (see _old)
+            if role:
+                self._n_missing -= 1
+                self._n_unreported -= 1
+            self._key_entry((record[R.R_KEY], record[R.R_VALUE_CANON]), 1)
             return
-        branch.groups.add(group)
-        if attempt > branch.max_attempt:
+        if type(branch) is tuple:  # a second receipt: keep the aggregate from now on
+            self._materialize(name)
+            branch = branches[name] = _Branch(branch[R.R_ATTEMPT], branch[R.R_CONTENT], branch)
+        if attempt == branch.max_attempt:
+            seen = branch.cand.get(content)
+            if seen is not None:
+                self.duplicates += 1
+                if _earlier(record, seen):
+                    branch.cand[content] = record
+                return
+            branch.cand[content] = record
+        elif attempt > branch.max_attempt:
+            lower = branch.lower
+            if lower is None:
+                lower = branch.lower = set()
+            for old in branch.cand:
+                lower.add((branch.max_attempt, old))
             self.superseded += len(branch.cand)
             branch.max_attempt = attempt
             branch.cand = {content: record}
-        elif attempt < branch.max_attempt:
+        else:
+            group = (attempt, content)
+            if branch.lower is None:
+                branch.lower = {group}
+            elif group in branch.lower:
+                self.duplicates += 1
+                return
+            else:
+                branch.lower.add(group)
             self.superseded += 1
             return
-        else:
-            branch.cand[content] = record
-        defn = self._defn
-        if defn is not None and defn.required is not None:
+        if defined:
             self._set_contrib(name, self._contribution(name, branch))
 
     # ------------------------------------------------------------------ questions
@@ -304,7 +407,11 @@ class JoinReducer:
 
     def complete(self) -> bool:
         """Every required, unpruned branch has a current ok receipt, and no conflicts."""
-        return self.defined() and self._n_missing == 0 and self.conflict_count() == 0
+        defn = self._defn
+        if defn is None:
+            defn = self.definition
+        return (defn.required is not None and self._n_missing == 0 and self._n_conflicts == 0
+                and len(self.opens) < 2 and len(self.contract_names) < 2)
 
     def all_reported(self) -> bool:
         """Every required, unpruned branch has a current receipt (the fail_fast condition)."""
@@ -337,7 +444,7 @@ class JoinReducer:
     def _all_records(self) -> list[R.Record]:
         out = list(self.opens.values()) + list(self.skips.values())
         for branch in self.branches.values():
-            out.extend(branch.cand.values())
+            out.extend(_candidates(branch).values())
         return out
 
     def reason(self) -> str:
@@ -356,7 +463,7 @@ class JoinReducer:
         missing, failed = [], []
         writers: dict[str, list[tuple[str, str, Any]]] = {}
         for name, branch in self.branches.items():
-            cand = branch.cand
+            cand = _candidates(branch)
             keys = sorted(r[R.R_KEY] for r in cand.values())
             if not (name in required or name in optional):
                 conflicts.append({"kind": "unknown_branch", "branch": name, "key": keys[0]})
@@ -367,7 +474,7 @@ class JoinReducer:
                 continue
             if len(cand) > 1:
                 conflicts.append({"kind": "duplicate_changed", "branch": name, "key": keys[0],
-                                  "attempt": branch.max_attempt})
+                                  "attempt": next(iter(cand.values()))[R.R_ATTEMPT]})
                 continue
             (content, record), = cand.items()
             branches_out[name] = _receipt_view(record)
@@ -439,6 +546,13 @@ class JoinReducer:
         for record in self._all_records():
             return record[R.JOIN_ID]
         raise ValueError("empty join")
+
+
+def _candidates(branch: _Branch | R.Record) -> dict[str, R.Record]:
+    """content -> record at the top attempt, for either form of a branch entry."""
+    if type(branch) is _Branch:
+        return branch.cand
+    return {branch[R.R_CONTENT]: branch}
 
 
 def _receipt_view(record: R.Record) -> dict[str, Any]:
