@@ -7,9 +7,11 @@
 
 Element timestamps. ``ReadMessages`` does not hand ``timestamp_attribute`` to
 ``ReadFromPubSub``: on Beam 2.77's local runner a message whose attribute is neither epoch
-milliseconds nor RFC 3339 makes the read raise ``ValueError('Bad timestamp value: ...')``
-before the pull is acknowledged, so the pipeline fails and the message is redelivered to the
-next run, which fails again (a poison message). Instead it reads with attributes and stamps each
+milliseconds nor RFC 3339 makes the read evaluator raise ``ValueError('Bad timestamp value:
+...')`` before the pulled batch is acknowledged. Observed: the runner logs "Exception at
+bundle", keeps running, the whole batch (up to 10 messages) is redelivered after each ack
+deadline and fails again, and ``wait_until_finish()`` neither returns nor raises (a poison
+message that stalls the source). Instead this transform reads with attributes and stamps each
 element itself: the attribute's time if it parses (epoch milliseconds, or RFC 3339 truncated to
 milliseconds, years 0001-9999), otherwise the publish time (the timestamp the source assigns when
 it has no timestamp attribute). Consequence on every runner: the source's watermark follows
@@ -66,9 +68,7 @@ _TOPIC_PATH = re.compile(
 def validate_topic_path(topic: str) -> str:
     """Return ``topic`` if it is ``projects/PROJECT/topics/TOPIC``; else raise ``ValueError``."""
     if not _TOPIC_PATH.match(topic) or topic.split("/")[3].startswith("goog"):
-        raise ValueError(
-            f"malformed topic path {topic!r}: expected projects/PROJECT/topics/TOPIC"
-        )
+        raise ValueError(f"malformed topic path {topic!r}: expected projects/PROJECT/topics/TOPIC")
     return topic
 
 
@@ -280,7 +280,9 @@ def _line_attributes(line: bytes) -> dict[str, str]:
         return {}
     if not isinstance(obj, dict):
         return {}
-    names = ("opened_at", "event_time") if obj.get("kind") == "open" else ("event_time", "opened_at")
+    names = (
+        ("opened_at", "event_time") if obj.get("kind") == "open" else ("event_time", "opened_at")
+    )
     candidates = {
         "event_time": next((obj[n] for n in names if isinstance(obj.get(n), str)), None),
         "message_id": obj.get("message_id"),

@@ -103,7 +103,8 @@ class PubSubServer:
         self._clock = clock
         self._pull_wait_s = pull_wait_s
         self._max_workers = max_workers
-        self._lock = threading.Lock()
+        # Re-entrant so that wait_for predicates may call the helpers below.
+        self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
         self._topics: dict[str, _Topic] = {}
         self._subscriptions: dict[str, _Subscription] = {}
@@ -177,6 +178,27 @@ class PubSubServer:
         with self._lock:
             return sorted(self._subscriptions)
 
+    def unacked(self, sub: str) -> int:
+        """How many messages of ``sub`` are not yet acknowledged (waiting or outstanding)."""
+        with self._lock:
+            state = self._call(self._subscription_locked, sub)
+            return len(state.backlog) + len(state.outstanding)
+
+    def wait_for(self, predicate: Callable[[], bool], timeout_s: float) -> bool:
+        """Wait until ``predicate()`` holds or ``timeout_s`` real seconds passed; its last value.
+
+        ``predicate`` is re-evaluated whenever the server's state changes (publish, ack,
+        create...), at least every 0.1 s, and may call this server's helpers.
+        """
+        end = time.monotonic() + timeout_s
+        with self._changed:
+            while not (result := predicate()):
+                remaining = end - time.monotonic()
+                if remaining <= 0:
+                    return result
+                self._changed.wait(min(remaining, 0.1))
+            return result
+
     @staticmethod
     def _call(fn: Callable[..., _T], *args: object) -> _T:
         try:
@@ -189,10 +211,11 @@ class PubSubServer:
     def _create_topic(self, name: str) -> pubsub.Topic:
         if not _TOPIC_PATH.match(name):
             raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"Invalid topic name: {name!r}")
-        with self._lock:
+        with self._changed:
             if name in self._topics:
                 raise _Abort(grpc.StatusCode.ALREADY_EXISTS, f"Topic already exists: {name}")
             self._topics[name] = _Topic(name)
+            self._changed.notify_all()
         return pubsub.Topic(name=name)
 
     def _get_topic(self, name: str) -> pubsub.Topic:
@@ -201,11 +224,12 @@ class PubSubServer:
         return pubsub.Topic(name=name)
 
     def _delete_topic(self, name: str) -> None:
-        with self._lock:
+        with self._changed:
             topic = self._topic_locked(name)
             for sub_name in topic.subscriptions:
                 self._subscriptions[sub_name].topic = _DELETED_TOPIC
             del self._topics[name]
+            self._changed.notify_all()
 
     def _create_subscription(
         self, name: str, topic: str, ack_deadline_s: int
@@ -215,12 +239,13 @@ class PubSubServer:
         ack_deadline_s = ack_deadline_s or 10
         if not 10 <= ack_deadline_s <= _MAX_ACK_DEADLINE_S:
             raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, "ack_deadline_seconds must be 10-600")
-        with self._lock:
+        with self._changed:
             topic_state = self._topic_locked(topic)
             if name in self._subscriptions:
                 raise _Abort(grpc.StatusCode.ALREADY_EXISTS, f"Subscription already exists: {name}")
             self._subscriptions[name] = _Subscription(name, topic, ack_deadline_s)
             topic_state.subscriptions.add(name)
+            self._changed.notify_all()
         return self._subscription_proto(name, topic, ack_deadline_s)
 
     def _get_subscription(self, name: str) -> pubsub.Subscription:
@@ -229,11 +254,12 @@ class PubSubServer:
             return self._subscription_proto(sub.name, sub.topic, sub.ack_deadline_s)
 
     def _delete_subscription(self, name: str) -> None:
-        with self._lock:
+        with self._changed:
             sub = self._subscription_locked(name)
             del self._subscriptions[name]
             if sub.topic in self._topics:
                 self._topics[sub.topic].subscriptions.discard(name)
+            self._changed.notify_all()
 
     def _publish(self, topic: str, messages: Iterable[pubsub.PubsubMessage]) -> list[str]:
         with self._changed:
@@ -285,11 +311,12 @@ class PubSubServer:
             return received
 
     def _acknowledge(self, name: str, ack_ids: Iterable[str]) -> None:
-        with self._lock:
+        with self._changed:
             sub = self._subscription_locked(name)
             self._expire_locked(sub)
             for ack_id in ack_ids:
                 sub.outstanding.pop(ack_id, None)
+            self._changed.notify_all()
 
     def _modify_ack_deadline(self, name: str, ack_ids: Iterable[str], seconds: int) -> None:
         if not 0 <= seconds <= _MAX_ACK_DEADLINE_S:
