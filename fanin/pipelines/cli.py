@@ -45,6 +45,10 @@ def _add_run(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--overwrite", action="store_true",
                      help="replace the outputs of an earlier run in DIR")
     run.add_argument("--contracts", metavar="FILE", help="YAML contracts file")
+    for kind in ("closes", "late", "dead-letter"):
+        run.add_argument(f"--{kind}-topic", metavar="TOPIC",
+                         help=f"also publish {kind.replace('-', ' ')} lines to this Pub/Sub "
+                         "topic (streaming runs)")
     run.add_argument("--format", action="append", choices=("jsonl", "parquet"),
                      help="output format; repeat for both (default jsonl)")
     joins = run.add_argument_group("join defaults (for what opens and contracts leave out)")
@@ -79,7 +83,11 @@ def _run(args: argparse.Namespace, beam_args: Sequence[str]) -> int:
             max_disorder_s=args.max_disorder_s, max_bytes=args.max_bytes,
             max_messages_per_join=args.max_messages_per_join, window_s=args.window_s,
             shards=args.shards, subscription=args.subscription, topic=args.topic,
-            overwrite=args.overwrite)
+            overwrite=args.overwrite, topics={
+                kind: topic for kind, topic in (("closes", args.closes_topic),
+                                                ("late", args.late_topic),
+                                                ("dead_letter", args.dead_letter_topic))
+                if topic})
         run_pipeline(config, beam_args)
     except (ConfigError, ContractsError, FileNotFoundError, ValueError) as exc:
         print(f"fanin: error: {str(exc).splitlines()[0]}", file=sys.stderr)

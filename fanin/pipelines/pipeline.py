@@ -56,6 +56,8 @@ class RunConfig:
     subscription: str | None = None
     topic: str | None = None
     overwrite: bool = False
+    # optional Pub/Sub topics the outputs are also published to (kind -> topic)
+    topics: dict[str, str] = field(default_factory=dict)
 
     def validate(self) -> None:
         if not self.output:
@@ -73,6 +75,11 @@ class RunConfig:
             raise ConfigError("--window-s must be > 0 and --shards >= 1")
         if not self.formats or set(self.formats) - set(FORMATS):
             raise ConfigError(f"--format must be one or more of {', '.join(FORMATS)}")
+        if set(self.topics) - {CLOSES, LATE, DEAD_LETTER}:
+            raise ConfigError("output topics are for closes, late and dead_letter")
+        if self.topics and not self.streaming:
+            raise ConfigError("publishing outputs to Pub/Sub needs a streaming run "
+                              "(--subscription, --topic or --replay)")
 
     @property
     def streaming(self) -> bool:
@@ -123,6 +130,10 @@ def build(p: beam.Pipeline, config: RunConfig, catalog: Catalog) -> dict[str, be
             else f"{config.output.rstrip('/')}/{kind}"
         pcoll | f"Write/{kind}" >> WriteOutput(folder, kind, config.formats, config.streaming,
                                                config.window_s, config.shards)
+        if kind in config.topics:
+            from fanin.io.pubsub import PublishJson
+
+            pcoll | f"Publish/{kind}" >> PublishJson(config.topics[kind])
     return outputs
 
 

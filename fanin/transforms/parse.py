@@ -62,4 +62,4 @@ class ParseMessages(beam.PTransform):
     def expand(self, pcoll: beam.PCollection) -> pvalue.DoOutputsTuple:
         return pcoll | "Validate" >> beam.ParDo(
             _ParseFn(self._contracts, self._max_bytes)
-        ).with_outputs(DEAD_LETTER, main="records").with_output_types(tuple[str, tuple])
+        ).with_output_types(tuple[str, tuple]).with_outputs(DEAD_LETTER, main="records")
