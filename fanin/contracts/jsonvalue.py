@@ -18,7 +18,7 @@ import json
 import math
 from typing import Any
 
-__all__ = ["MAX_DEPTH", "JSONRefused", "canonical", "dumps", "loads_strict"]
+__all__ = ["MAX_DEPTH", "JSONRefused", "canonical", "dumps", "encode_str", "loads_strict"]
 
 MAX_DEPTH = 64
 
@@ -102,11 +102,24 @@ def _normalize(value: Any) -> Any:
     raise TypeError(f"not a JSON value: {type(value).__name__}")
 
 
+_DUMPS = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode
+encode_str = json.encoder.encode_basestring  # type: ignore[attr-defined]
+
+
 def canonical(value: Any) -> str:
     """Canonical JSON text: sorted fields, integral numbers without fraction, no spaces."""
-    return json.dumps(
-        _normalize(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False
-    )
+    kind = type(value)
+    if kind is str:
+        return encode_str(value)
+    if value is None:
+        return "null"
+    if kind is bool:
+        return "true" if value else "false"
+    if kind is int:
+        return int.__repr__(value)
+    if kind is float:
+        return int.__repr__(int(value)) if value.is_integer() else float.__repr__(value)
+    return _DUMPS(_normalize(value))
 
 
 def dumps(value: Any) -> str:

@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from fanin.contracts import records as R
-from fanin.contracts.jsonvalue import JSONRefused, canonical, loads_strict
+from fanin.contracts.jsonvalue import JSONRefused, canonical, encode_str, loads_strict
 from fanin.contracts.messages import OpenMessage, ReceiptMessage
 
 __all__ = ["DEFAULT_MAX_BYTES", "ERRORS", "dead_letter", "parse_message"]
@@ -81,7 +81,9 @@ def _open_record(msg: OpenMessage, text: str, source: dict[str, Any]) -> R.Recor
 def _receipt_record(msg: ReceiptMessage, text: str, source: dict[str, Any]) -> R.Record:
     key = msg.branch if msg.key is None else msg.key
     value_canon = canonical(msg.value)
-    content = canonical([msg.status, key, msg.error]) + value_canon
+    # == canonical([status, key, error]) + value_canon, built without the generic walk
+    error = "null" if msg.error is None else encode_str(msg.error)
+    content = f'["{msg.status}",{encode_str(key)},{error}]' + value_canon
     return (R.RECEIPT, msg.join_id, msg.event_time, text, source, msg.contract, msg.run_id,
             msg.message_id, msg.branch, msg.status, key, msg.value, msg.error,
             msg.attempt or 1, msg.opened_at, content, value_canon)

@@ -71,27 +71,28 @@ class _Branch:
 class JoinReducer:
     """Order-independent state of one join; see the module docstring for the guarantees."""
 
-    __slots__ = (
-        "_contrib", "_defn", "_first", "_keys", "_n_conflicts", "_n_missing", "_n_unreported",
-        "_pruned", "branches", "catalog", "contract_names", "dup_other", "duplicates",
-        "messages", "min_event", "min_receipt_opened", "opens", "skips", "superseded",
-    )
+    # Class-level defaults: a new join allocates only what it writes (less GC work per join).
+    messages = 0
+    duplicates = 0
+    superseded = 0
+    dup_other = 0
+    _first: R.Record | None = None  # the defining open
+    contract_names: dict[str, int] = _NO_MAP
+    min_event: int | None = None
+    min_receipt_opened: int | None = None
+    skips: dict[str, R.Record] = _NO_MAP  # skipped path -> first skip record
+    _defn: Definition | None = None
+    _n_missing = 0
+    _n_unreported = 0
+    _n_conflicts = 0
+    _pruned: set[str] = _NO_SET
+    _contrib: dict[str, tuple[int, int, int, Any]] = _NO_MAP
 
     def __init__(self, catalog: Catalog) -> None:
         self.catalog = catalog
-        self.messages = 0
-        self.duplicates = 0
-        self.superseded = 0
-        self.dup_other = 0
         self.opens: dict[str, R.Record] = {}  # canon -> first open record
-        self._first: R.Record | None = None  # the defining open
-        self.contract_names: dict[str, int] = _NO_MAP
-        self.min_event: int | None = None
-        self.min_receipt_opened: int | None = None
         self.branches: dict[str, _Branch | R.Record] = {}
-        self.skips: dict[str, R.Record] = _NO_MAP  # skipped path -> first skip record
-        self._defn: Definition | None = None
-        self._reset_derived()
+        self._keys: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ definition
     def _reset_derived(self) -> None:
@@ -124,10 +125,12 @@ class JoinReducer:
 
     def _redefine(self) -> None:
         defn = self._resolve()
-        if defn is self._defn:
+        previous = self._defn
+        if defn is previous:
             return
         self._defn = defn
-        self._reset_derived()
+        if previous is not None and previous.required is not None:
+            self._reset_derived()  # derived counters exist only under a defined join
         if defn.required is None:
             return
         self._n_missing = self._n_unreported = len(defn.required)
@@ -359,7 +362,11 @@ class JoinReducer:
             if role:
                 self._n_missing -= 1
                 self._n_unreported -= 1
-            self._key_entry((record[R.R_KEY], record[R.R_VALUE_CANON]), 1)
+            key = record[R.R_KEY]
+            if key in self._keys:
+                self._key_entry((key, record[R.R_VALUE_CANON]), 1)
+            else:  # the first writer of the key (what _key_entry does, without the call)
+                self._keys[key] = record[R.R_VALUE_CANON]
             return
         if type(branch) is tuple:  # a second receipt: keep the aggregate from now on
             self._materialize(name)
