@@ -15,6 +15,7 @@ Metrics (namespace ``fanin``): ``closes.<reason>``, ``late.<reason>``,
 
 from __future__ import annotations
 
+import logging
 import random
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
@@ -45,6 +46,7 @@ from fanin.transforms.reducer import JoinReducer
 
 __all__ = ["JoinDoFn", "JoinRecords"]
 
+_LOG = logging.getLogger(__name__)
 _UNDEFINED = ("no required branches from the open, its contract or the defaults by the "
               "deadline")
 _TOO_LARGE = "the join holds max_messages_per_join messages already"
@@ -52,12 +54,20 @@ _MAX_TS_MS = GlobalWindow().max_timestamp().micros // 1000 - 1
 _NO_HORIZON = -(2**62)  # nothing is known to be complete before the first timer fires
 
 
+_PROGRESS_EVERY = 10_000
+_closed_here = 0  # closes emitted by this worker process, for the progress line
+
+
 def _emit(outputs: Iterable[tuple[str, dict[str, Any]]]) -> Iterator[Any]:
+    global _closed_here
     for tag, obj in outputs:
         if tag == CLOSES:
             Metrics.counter("fanin", f"closes.{obj['reason']}").inc()
             Metrics.distribution("fanin", "close.latency_ms").update(obj["latency_ms"])
             log_close(obj)
+            _closed_here += 1
+            if _closed_here % _PROGRESS_EVERY == 0:
+                _LOG.info("fanin: %d joins closed by this worker", _closed_here)
             yield obj
         else:
             key = obj["reason"] if tag == LATE else obj["error"]
