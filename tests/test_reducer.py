@@ -269,3 +269,22 @@ def test_redelivery_changes_only_messages_and_duplicates(messages: list[dict[str
     assert c2["counts"]["duplicates"] == c1["counts"]["duplicates"] + 1
     c1.pop("counts"), c2.pop("counts")
     assert c1 == c2
+
+
+def test_identical_opens_are_duplicates_whatever_their_ids_and_time_spelling() -> None:
+    close = close_of([
+        open_msg(required=["b", "a"], run_id="r1", message_id="m1"),
+        {**open_msg(required=["a", "b"], run_id="r2"), "opened_at": "2026-01-01T01:00:00+01:00",
+         "extra": "ignored"},
+        receipt("a", 1), receipt("b", 2),
+    ])
+    assert close["reason"] == "complete" and close["conflicts"] == []
+    assert close["counts"]["duplicates"] == 1 and close["run_id"] == "r1"
+
+
+def test_conflicting_opens_at_one_time_the_least_canonical_json_defines() -> None:
+    # canonical JSON sorts fields: ..."deadline_s":20... < ..."deadline_s":5...
+    close = close_of([open_msg(required=["a"], deadline_s=5),
+                      open_msg(required=["a"], deadline_s=20)])
+    assert close["deadline"] == "2026-01-01T00:00:20.000Z"
+    assert [c["kind"] for c in close["conflicts"]] == ["open_conflict"]

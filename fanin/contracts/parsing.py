@@ -21,6 +21,7 @@ from pydantic import ValidationError
 from fanin.contracts import records as R
 from fanin.contracts.jsonvalue import JSONRefused, canonical, encode_str, loads_strict
 from fanin.contracts.messages import OpenMessage, ReceiptMessage
+from fanin.contracts.timefmt import format_ms
 
 __all__ = ["DEFAULT_MAX_BYTES", "ERRORS", "dead_letter", "parse_message"]
 
@@ -71,8 +72,13 @@ def _open_record(msg: OpenMessage, text: str, source: dict[str, Any]) -> R.Recor
     optional = _sorted_names(msg.optional)
     deadline_ms = None if msg.deadline_s is None else (
         int(msg.deadline_s * 1000) if msg.deadline_s < 1e15 else 10**18)
-    canon = canonical([msg.join_id, msg.opened_at, msg.contract, required, optional,
-                       deadline_ms, msg.allow_partial, msg.fail_fast])
+    # The open as canonical JSON, over SPEC's table only (not run_id / message_id / unknown
+    # fields), opened_at normalised, branch lists as sorted sets, absent (or null) omitted.
+    fields = {"kind": "open", "join_id": msg.join_id, "opened_at": format_ms(msg.opened_at),
+              "contract": msg.contract, "required": required, "optional": optional,
+              "deadline_s": msg.deadline_s, "allow_partial": msg.allow_partial,
+              "fail_fast": msg.fail_fast}
+    canon = canonical({name: value for name, value in fields.items() if value is not None})
     return (R.OPEN, msg.join_id, msg.opened_at, text, source, msg.contract, msg.run_id,
             msg.message_id, required, optional, deadline_ms, msg.allow_partial, msg.fail_fast,
             canon)
