@@ -152,6 +152,20 @@ class JoinDoFn(beam.DoFn):
             self._cache.popitem(last=False)
 
     @staticmethod
+    def _decide_now(reducer: JoinReducer, record: R.Record, horizon: int, wake: int | None
+                    ) -> bool:
+        """Whether a closable join must run the closing decision on this arrival.
+
+        Eager joins always do (they close now). A watermark join whose decision timer is
+        already pending at ``wake`` need not when the record is not earlier than ``wake``: it
+        cannot change what is decided before ``wake``, and the timer re-decides with it. This
+        keeps a hot watermark join from re-deciding on every arrival.
+        """
+        if reducer.definition.close_trigger == "eager":
+            return True
+        return wake is None or wake <= horizon or record[R.TIME] < wake
+
+    @staticmethod
     def _set(timer: Any, ms: int) -> None:
         timer.set(Timestamp(micros=min(ms, _MAX_TS_MS) * 1000))
 
@@ -220,8 +234,8 @@ class JoinDoFn(beam.DoFn):
             reducer = self._reducer(join_id, epoch, count + 1, records)
         value = [epoch, count + 1, horizon, wake, None]
         meta.write(value)
-        if reducer.closable() or record[R.TIME] <= horizon:
-            # closable now (eager), or a record behind the watermark: decide at once
+        if record[R.TIME] <= horizon or (reducer.closable() and self._decide_now(
+                reducer, record, horizon, wake)):
             yield from self._settle(join_id, records or list(msgs.read()), value, msgs, meta,
                                     decide_timer, expire_timer)
             return
