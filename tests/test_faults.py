@@ -1,0 +1,118 @@
+"""A worker failure inside the real join, on the multi-process local runner.
+
+The failure is injected without editing the pipeline: ``build`` (the production wiring) is
+given a ``Catalog`` subclass whose ``definition`` — called by the join for every join it
+decides — raises. "Once" is coordinated across worker processes by an exclusively created
+flag file, so exactly one bundle fails once; "always" fails every bundle that decides a join.
+The run must either retry and complete with exactly the closes of a clean run, or fail loudly
+(an exception from ``run``/``wait_until_finish``) — never complete with missing closes. Output
+files a failed run leaves behind must be complete, correct files (identical to a clean run's)
+or ``.tmp-`` names.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import apache_beam as beam
+import pytest
+from apache_beam.internal import cloudpickle
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from fanin.contracts.catalog import Catalog, Contract, Definition, JoinDefaults, load_contracts
+from fanin.fleet.simulate import CONTRACTS_PATH, write_simulation
+from fanin.pipelines.pipeline import RunConfig, build, run_pipeline
+
+KINDS = ("closes", "late", "dead_letter")
+MULTI = ["--runner=FnApiRunner", "--direct_num_workers=2",
+         "--direct_running_mode=multi_processing"]
+
+# Workers unpickle the catalog: ship this module's classes by value (tests/ is not on their
+# import path).
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+class InjectedFault(RuntimeError):
+    """The failure this test injects."""
+
+
+class FlakyCatalog(Catalog):
+    """A catalog whose ``definition`` raises: once overall (``flag`` file) or always."""
+
+    def __init__(self, contracts: Mapping[str, Contract], defaults: JoinDefaults, flag: str,
+                 always: bool) -> None:
+        super().__init__(contracts, defaults)
+        self._flag, self._always = flag, always
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (FlakyCatalog, (self.contracts, self.defaults, self._flag, self._always))
+
+    def definition(self, *args: Any, **kwargs: Any) -> Definition:
+        if self._always:
+            raise InjectedFault("injected: every bundle fails")
+        try:
+            os.close(os.open(self._flag, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return super().definition(*args, **kwargs)
+        raise InjectedFault("injected: this bundle fails once")
+
+
+def read(out: Path) -> dict[str, list[str]]:
+    return {kind: sorted(x for f in (out / kind).glob("*.jsonl")
+                         for x in f.read_text().splitlines()) for kind in KINDS}
+
+
+@pytest.fixture(scope="module")
+def traffic(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, list[str]]]:
+    folder = tmp_path_factory.mktemp("faults")
+    path = folder / "traffic.jsonl"
+    write_simulation(path, joins=80, seed=21)
+    clean = folder / "clean"
+    run_pipeline(RunConfig(output=str(clean), inputs=[str(path)],
+                           contracts_path=CONTRACTS_PATH), [])
+    return path, read(clean)
+
+
+def run_flaky(path: Path, out: Path, always: bool) -> None:
+    config = RunConfig(output=str(out), inputs=[str(path)], contracts_path=CONTRACTS_PATH)
+    for kind in KINDS:
+        (out / kind).mkdir(parents=True)
+    catalog = FlakyCatalog(load_contracts(CONTRACTS_PATH), JoinDefaults(),
+                           str(out / "fault.flag"), always)
+    p = beam.Pipeline(options=PipelineOptions(MULTI))
+    build(p, config, catalog)
+    p.run().wait_until_finish()
+
+
+@pytest.mark.parametrize("always", [False, True], ids=["once", "always"])
+def test_bundle_failure_retries_or_fails_loudly(traffic: tuple[Path, dict[str, list[str]]],
+                                                tmp_path: Path, always: bool) -> None:
+    path, clean = traffic
+    out = tmp_path / "out"
+    try:
+        run_flaky(path, out, always)
+    except Exception as exc:
+        assert "injected" in f"{exc!r} {exc.__cause__!r}" or "InjectedFault" in repr(exc), exc
+        failed = True
+    else:
+        failed = False
+    assert (out / "fault.flag").exists() or always, "the fault was never injected"
+    found = read(out)
+    if always:
+        assert failed, "a run whose every join decision raises must not succeed"
+    if not failed:
+        assert found == clean  # retried: every close present and correct
+        return
+    # failed loudly: whatever it left must be correct, complete files or .tmp- names
+    assert found["closes"] == [] or found["closes"] == clean["closes"]
+    for kind in KINDS:
+        for f in (out / kind).iterdir():
+            assert f.name.endswith(".jsonl") or ".tmp-" in f.name, f
+        assert set(found[kind]) <= set(clean[kind])
+        for line in found[kind]:
+            json.loads(line)

@@ -1,0 +1,223 @@
+"""Security properties: safe YAML, no code execution on input, read-only SQL, clean logs.
+
+- Contracts files are read with a safe loader: Python object tags are refused with
+  ``ContractsError`` and never executed.
+- No input can reach ``pickle``/``eval``/``exec``/a shell: a scan of ``fanin/`` for the
+  dangerous calls, with an allow-list where each exception is justified.
+- ``fanin query`` cannot write or read files through SQL (``COPY ... TO``, ``ATTACH``,
+  ``read_csv``, ``SET`` to undo the lock-down, several statements).
+- Logs of a run with ``--log-closes`` never contain receipt values, errors or raw lines.
+- Neither help texts nor logs print anything that looks like a credential, even when the
+  environment holds some.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from pathlib import Path
+
+import pytest
+
+from fanin.analysis.query import QueryRefused, open_outputs, run_query
+from fanin.contracts.catalog import ContractsError, load_contracts, parse_contracts
+from fanin.fleet.simulate import CONTRACTS_PATH
+from fanin.pipelines.cli import main
+
+FANIN = Path(__file__).resolve().parents[1] / "fanin"
+MARKER = "M4RK3R-9c1f-secret-receipt-value"
+FAKE_KEY = "AKIAFANINTESTKEY0001"
+FAKE_SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYFANINSECRET"
+KEY_LIKE = re.compile(
+    r"AKIA[0-9A-Z]{16}|-----BEGIN [A-Z ]*PRIVATE KEY-----|AIza[0-9A-Za-z_\-]{35}|"
+    r"gh[pousr]_[0-9A-Za-z]{36}|xox[baprs]-[0-9A-Za-z-]{10,}|\"private_key\"\s*:|"
+    r"(?i:(?:password|passwd|secret|token|api[_-]?key)\s*[=:]\s*\S{8,})")
+
+
+# ----------------------------------------------------------------------------- YAML
+@pytest.mark.parametrize("tag", [
+    "!!python/object/apply:os.system ['touch {canary}']",
+    "!!python/object/new:os.system ['touch {canary}']",
+    "!!python/name:os.system",
+    "!!python/object:fanin.contracts.catalog.Contract {{name: x}}",
+])
+def test_contracts_file_refuses_python_tags(tmp_path: Path, tag: str) -> None:
+    canary = tmp_path / "executed"
+    text = f"contracts:\n  - name: x\n    required: [a]\n    schemas: {tag.format(canary=canary)}\n"
+    path = tmp_path / "evil.yaml"
+    path.write_text(text)
+    with pytest.raises(ContractsError) as info:
+        load_contracts(str(path))
+    assert str(path) in str(info.value)
+    with pytest.raises(ContractsError):
+        parse_contracts(f"contracts: {tag.format(canary=canary)}\n")
+    assert not canary.exists()
+
+
+def test_contracts_file_with_plain_yaml_still_loads() -> None:
+    assert "triage" in load_contracts(CONTRACTS_PATH)  # the refusals above are not blanket
+
+
+# ----------------------------------------------------------------------------- source scan
+DANGEROUS = {
+    "eval": re.compile(r"(?<![\w.])eval\("),
+    "exec": re.compile(r"(?<![\w.])exec\("),
+    "pickle": re.compile(r"\b(?:c?pickle|dill|cloudpickle|marshal|shelve)\.(?:loads?|Unpickler)\b"
+                         r"|^\s*import (?:c?pickle|dill|marshal|shelve)\b"),
+    "os.system": re.compile(r"\bos\.(?:system|popen|exec\w*|spawn\w*)\("),
+    "subprocess": re.compile(r"\bsubprocess\b|\bpty\.spawn"),
+    "shell=True": re.compile(r"shell\s*=\s*True"),
+    "yaml.load": re.compile(r"\byaml\.(?:load|load_all|unsafe_load\w*|full_load\w*)\("),
+    "__import__": re.compile(r"__import__\("),
+    "compile": re.compile(r"(?<![\w.])compile\(.*['\"]exec['\"]"),
+}
+# (file relative to fanin/, check name) -> why it is acceptable
+ALLOWED: dict[tuple[str, str], str] = {}
+
+
+def test_no_input_reaches_pickle_eval_or_a_shell() -> None:
+    found = []
+    sources = sorted(FANIN.rglob("*.py"))
+    assert len(sources) > 20
+    for path in sources:
+        rel = str(path.relative_to(FANIN))
+        for number, text in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            code = text.split("#", 1)[0]
+            for name, pattern in DANGEROUS.items():
+                if pattern.search(code) and (rel, name) not in ALLOWED:
+                    found.append(f"fanin/{rel}:{number}: {name}: {text.strip()}")
+    assert found == []
+
+
+def test_scan_would_catch_each_dangerous_call() -> None:
+    samples = {"eval": "x = eval(s)", "exec": "exec(code)", "pickle": "pickle.loads(b)",
+               "os.system": "os.system(cmd)", "subprocess": "import subprocess",
+               "shell=True": "run(c, shell=True)", "yaml.load": "yaml.load(t)",
+               "__import__": "__import__(name)", "compile": "compile(s, 'f', 'exec')"}
+    for name, code in samples.items():
+        assert DANGEROUS[name].search(code), name
+    assert not DANGEROUS["yaml.load"].search("yaml.safe_load(t)")
+    assert not DANGEROUS["eval"].search("self.evaluate(x)")
+
+
+# ----------------------------------------------------------------------------- query
+@pytest.fixture
+def outputs(tmp_path: Path) -> Path:
+    out = tmp_path / "out"
+    for kind in ("closes", "late", "dead_letter"):
+        (out / kind).mkdir(parents=True)
+    (out / "dead_letter" / "dead_letter-all-p0000-s000.jsonl").write_text(json.dumps(
+        {"error": "invalid_json", "detail": "x", "raw": "{", "source": {"kind": "file"}}) + "\n")
+    return out
+
+
+@pytest.mark.parametrize("sql", [
+    "COPY dead_letter TO '{target}'",
+    "COPY (SELECT 1) TO '{target}' (FORMAT csv)",
+    "EXPORT DATABASE '{target}'",
+    "ATTACH '{target}' AS evil",
+    "CREATE TABLE t AS SELECT 1",
+    "INSERT INTO _dead_letter SELECT * FROM _dead_letter",
+    "SET enable_external_access = true",
+    "INSTALL httpfs",
+    "SELECT 1; COPY (SELECT 1) TO '{target}'",
+    "SELECT * FROM read_csv('{secret}')",
+    "SELECT * FROM read_text('{secret}')",
+    "SELECT * FROM glob('{parent}/*')",
+])
+def test_query_cannot_write_or_read_files(outputs: Path, tmp_path: Path, sql: str) -> None:
+    target, secret = tmp_path / "written.csv", tmp_path / "secret.txt"
+    secret.write_text("do-not-read\n")
+    statement = sql.format(target=target, secret=secret, parent=tmp_path)
+    with pytest.raises((QueryRefused, Exception)) as info:
+        text = run_query(outputs, statement, fmt="csv")
+        assert "do-not-read" not in text and "secret.txt" not in text
+        raise AssertionError("accepted")
+    assert not isinstance(info.value, AssertionError), statement
+    assert not target.exists()
+    # the second layer alone (no statement filter) refuses file access too
+    con = open_outputs(outputs)
+    try:
+        with pytest.raises(Exception):  # noqa: B017 - duckdb raises several error classes
+            con.execute(f"COPY (SELECT 1) TO '{target}'")
+        with pytest.raises(Exception):  # noqa: B017
+            con.execute("SET enable_external_access = true")
+    finally:
+        con.close()
+    assert not target.exists()
+
+
+def test_query_cli_refuses_copy(outputs: Path, tmp_path: Path,
+                                capsys: pytest.CaptureFixture[str]) -> None:
+    target = tmp_path / "cli.csv"
+    assert main(["query", str(outputs), f"COPY dead_letter TO '{target}'"]) != 0
+    assert not target.exists()
+    assert main(["query", str(outputs), "select count(*) as n from dead_letter",
+                 "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out) == [{"n": 1}]
+
+
+# ----------------------------------------------------------------------------- logs
+def _marked_input(path: Path) -> None:
+    lines = []
+    for j in range(6):
+        jid = f"log-{j}"
+        lines.append({"kind": "open", "join_id": jid, "opened_at": "2026-01-01T00:00:00Z",
+                      "contract": "triage", "note": MARKER})
+        for branch in ("retrieve", "verify", "rank", "enrich"):
+            lines.append({"join_id": jid, "branch": branch, "status": "ok",
+                          "event_time": "2026-01-01T00:00:01Z",
+                          "key": "score" if branch == "rank" else branch,
+                          "value": 0.5 if branch == "rank" else {"text": MARKER}})
+        lines.append({"join_id": jid, "branch": "verify", "status": "error", "attempt": 2,
+                      "error": MARKER, "event_time": "2026-01-01T00:00:02Z"})
+    text = "\n".join(json.dumps(x) for x in lines)
+    text += f'\n{{"join_id": "bad", "value": "{MARKER}"\n[1, "{MARKER}"]\n'
+    path.write_text(text)
+
+
+def test_logs_never_contain_receipt_values(tmp_path: Path, caplog: pytest.LogCaptureFixture,
+                                           capsys: pytest.CaptureFixture[str],
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", FAKE_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", FAKE_SECRET)
+    monkeypatch.setenv("FANIN_API_TOKEN", FAKE_SECRET)
+    src = tmp_path / "marked.jsonl"
+    _marked_input(src)
+    out = tmp_path / "out"
+    caplog.set_level(logging.DEBUG)
+    code = main(["run", "--input", str(src), "--contracts", CONTRACTS_PATH, "--output",
+                 str(out), "--log-closes", "--runner=FnApiRunner"])
+    assert code == 0
+    printed = capsys.readouterr()
+    events = [json.loads(r.getMessage()) for r in caplog.records if r.name == "fanin.close"]
+    assert len(events) == 6 and {e["event"] for e in events} == {"join_closed"}
+    assert MARKER in (out / "closes").joinpath("closes-all-p0000-s000.jsonl").read_text()
+    everything = caplog.text + printed.out + printed.err + "\n".join(
+        r.getMessage() for r in caplog.records)
+    assert MARKER not in everything
+    assert FAKE_KEY not in everything and FAKE_SECRET not in everything
+    assert not KEY_LIKE.search(everything), KEY_LIKE.search(everything)
+
+
+# ----------------------------------------------------------------------------- credentials
+@pytest.mark.parametrize("command", [[], ["run"], ["simulate"], ["publish"], ["query"],
+                                     ["report"]])
+def test_help_prints_no_credentials(command: list[str], capsys: pytest.CaptureFixture[str],
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", FAKE_SECRET)
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", "/nonexistent/" + FAKE_KEY + ".json")
+    with pytest.raises(SystemExit) as info:
+        main([*command, "--help"])
+    assert info.value.code == 0
+    text = capsys.readouterr().out
+    assert "usage:" in text
+    assert FAKE_SECRET not in text and FAKE_KEY not in text
+    assert not KEY_LIKE.search(text)
+
+
+def test_key_pattern_is_not_blind() -> None:
+    for sample in (FAKE_KEY, "api_key=abcdef123456", "-----BEGIN RSA PRIVATE KEY-----",
+                   '"private_key": "x"', "ghp_" + "a" * 36):
+        assert KEY_LIKE.search(sample), sample
