@@ -1,0 +1,343 @@
+"""``fanin run --dry-run FILE``: build the job as ``run_pipeline`` would, check it, run nothing.
+
+Guarantees:
+- The job graph is built by ``fanin.pipelines.pipeline.build`` with the same catalog and runner
+  choice as ``run_pipeline``; nothing is executed, no output folder is created or touched.
+- Offline: no call reaches the network and no credentials are looked up. For
+  ``DataflowRunner`` the dry run sets Beam's ``--dry_run`` (which skips the GCS soft-delete
+  probe when the pipeline is constructed and returns from ``DataflowRunner.run_pipeline`` before
+  the API client exists), refuses options whose handling needs the network (missing region:
+  Beam asks ``gcloud``; a bad bucket name: Beam creates a default bucket;
+  ``--requirements_file``: ``pip download``; ``--prebuild_sdk_container_engine``: an image
+  build; remote ``--input``/``--contracts``: read while the graph is built) and skips
+  ``--update``'s job lookup (reported in ``skipped``). ``docs/runners.md`` lists the boundary.
+- Checks, each failure one line in ``problems``: every transform's ``fn`` pickles with the
+  runner's pickler; the key coder of every ``GroupByKey`` and stateful ``ParDo`` input, as
+  inferred from type hints, is deterministic; ``--transform_name_mapping`` targets exist.
+- ``FILE`` (written atomically) is JSON: the runner, the options, the stable transform names,
+  the checks, the runner API proto (``pipeline``) and, for Dataflow, the job request body
+  (``dataflow_job``) as far as it exists before staging (packages are listed, not uploaded).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import apache_beam as beam
+from apache_beam import coders
+from apache_beam.internal import pickler
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.options.pipeline_options import (
+    DebugOptions,
+    GoogleCloudOptions,
+    PipelineOptions,
+    SetupOptions,
+    StandardOptions,
+    TestOptions,
+)
+from apache_beam.pipeline import AppliedPTransform, PipelineVisitor
+from apache_beam.portability import common_urns
+from apache_beam.portability.api import beam_runner_api_pb2
+from apache_beam.transforms import userstate
+from google.protobuf import json_format
+
+from fanin.pipelines.pipeline import RunConfig, _catalog, build, choose_runner
+from fanin.runners.presets import validate_dataflow_location, validate_gcs_path
+
+__all__ = [
+    "DryRunError",
+    "DryRunReport",
+    "add_dry_run_option",
+    "dry_run",
+    "maybe_dry_run",
+    "stable_names",
+]
+
+
+class DryRunError(ValueError):
+    """The dry run cannot check this job offline; the message is one line for the user."""
+
+
+@dataclass(frozen=True)
+class DryRunReport:
+    """What a dry run found. ``ok`` is true when ``problems`` is empty."""
+
+    runner: str
+    streaming: bool
+    out_path: str
+    transform_names: tuple[str, ...]
+    pickled: int
+    key_coders: tuple[str, ...]
+    dataflow_job: bool
+    skipped: tuple[str, ...] = field(default=())
+    problems: tuple[str, ...] = field(default=())
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def lines(self) -> list[str]:
+        """Human summary, one finding per line."""
+        mode = "streaming" if self.streaming else "bounded"
+        head = (f"dry run: {self.runner}, {mode}; {self.pickled} fns pickled; "
+                f"{len(self.key_coders)} key coders deterministic; graph in {self.out_path}"
+                + (" (with the Dataflow job request)" if self.dataflow_job else ""))
+        return ([head, "stable transform names: " + ", ".join(self.transform_names)]
+                + [f"skipped: {s}" for s in self.skipped]
+                + [f"problem: {p}" for p in self.problems])
+
+
+def stable_names(proto: beam_runner_api_pb2.Pipeline) -> list[str]:
+    """The names a Dataflow update matches, from a runner API proto, sorted.
+
+    The top-level transforms' unique names; every stateful ``ParDo``'s unique name and those of
+    its enclosing composites; and ``"<pardo> state=<id>"`` / ``"<pardo> timer=<id>"`` for its
+    state and timer ids. Renaming any of them breaks update compatibility.
+    """
+    transforms = proto.components.transforms
+    parents = {child: tid for tid, t in transforms.items() for child in t.subtransforms}
+    names = {transforms[child].unique_name
+             for root in proto.root_transform_ids for child in transforms[root].subtransforms}
+    for tid, transform in transforms.items():
+        if transform.spec.urn != common_urns.primitives.PAR_DO.urn:
+            continue
+        payload = beam_runner_api_pb2.ParDoPayload.FromString(transform.spec.payload)
+        if not (payload.state_specs or payload.timer_family_specs):
+            continue
+        names.update(f"{transform.unique_name} state={sid}" for sid in payload.state_specs)
+        names.update(f"{transform.unique_name} timer={tid_}"
+                     for tid_ in payload.timer_family_specs)
+        node = tid
+        while node in parents and node not in proto.root_transform_ids:
+            names.add(transforms[node].unique_name)
+            node = parents[node]
+    return sorted(names)
+
+
+class _Checks(PipelineVisitor):
+    """Pickles every transform's ``fn``; checks the key coders of keyed inputs."""
+
+    def __init__(self) -> None:
+        self.pickled = 0
+        self.key_coders: list[str] = []
+        self.unpicklable: list[str] = []
+        self.problems: list[str] = []
+
+    def enter_composite_transform(self, node: AppliedPTransform) -> None:
+        self._pickle(node)
+
+    def visit_transform(self, node: AppliedPTransform) -> None:
+        self._pickle(node)
+        transform = node.transform
+        stateful = (isinstance(transform, beam.ParDo)
+                    and userstate.is_stateful_dofn(transform.fn))
+        if stateful or isinstance(transform, beam.GroupByKey):
+            self._key_coder(node)
+
+    def _pickle(self, node: AppliedPTransform) -> None:
+        fn = getattr(node.transform, "fn", None)
+        if fn is None:
+            return
+        try:
+            pickler.loads(pickler.dumps(fn))
+        except Exception as exc:  # any pickling failure is the finding
+            self.unpicklable.append(f"{node.full_label}: {type(fn).__name__} does not pickle: "
+                                 f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
+        else:
+            self.pickled += 1
+
+    def _key_coder(self, node: AppliedPTransform) -> None:
+        (pcoll,) = node.main_inputs.values()
+        coder = coders.registry.get_coder(pcoll.element_type)
+        if not coder.is_kv_coder():
+            self.problems.append(f"{node.full_label}: input element type "
+                                 f"{pcoll.element_type} is not a key-value pair")
+            return
+        key_coder = coder.key_coder()
+        if key_coder.is_deterministic():
+            self.key_coders.append(f"{node.full_label}: {key_coder}")
+        else:
+            self.problems.append(
+                f"{node.full_label}: key coder {key_coder} (from element type "
+                f"{pcoll.element_type}) is not deterministic; declare the key type upstream, "
+                "e.g. .with_output_types(tuple[str, ...])")
+
+
+def _local(name: str, path: str) -> None:
+    if "://" in path:
+        raise DryRunError(f"{name} {path}: a dry run reads it while building the graph; give a "
+                          "local copy (a remote path would reach the network)")
+
+
+def _prepare_dataflow(options: PipelineOptions, skipped: list[str]) -> None:
+    """Refuse what needs the network; set Beam's ``--dry_run``."""
+    cloud = options.view_as(GoogleCloudOptions)
+    missing = [n for n in ("project", "region", "temp_location") if not getattr(cloud, n)]
+    if missing:
+        raise DryRunError("DataflowRunner needs " + ", ".join(f"--{n}" for n in missing)
+                          + " (without --region Beam would ask gcloud)")
+    try:
+        validate_dataflow_location(cloud.project, cloud.region, cloud.temp_location)
+        if cloud.staging_location:
+            validate_gcs_path("staging_location", cloud.staging_location)
+    except ValueError as exc:
+        raise DryRunError(str(exc)) from None
+    setup = options.view_as(SetupOptions)
+    if setup.requirements_file:
+        raise DryRunError("--requirements_file: Beam runs pip download to stage it (network); "
+                          "use --setup_file or --sdk_container_image")
+    if setup.prebuild_sdk_container_engine:
+        raise DryRunError("--prebuild_sdk_container_engine builds and pushes an image (network)")
+    if cloud.template_location or options.view_as(DebugOptions).dataflow_job_file:
+        skipped.append("--template_location/--dataflow_job_file: Beam writes them only after "
+                       "staging; the job request is in the dry-run file instead")
+    options.view_as(TestOptions).dry_run = True
+
+
+def _staged_names(proto: beam_runner_api_pb2.Pipeline) -> list[str]:
+    """Names the artifacts of ``proto``'s environments would be staged under."""
+    names = []
+    for _, env in sorted(proto.components.environments.items()):
+        for dep in env.dependencies:
+            if dep.role_urn == common_urns.artifact_roles.STAGING_TO.urn:
+                names.append(beam_runner_api_pb2.ArtifactStagingToRolePayload.FromString(
+                    dep.role_payload).staged_name)
+            else:
+                names.append(os.path.basename(beam_runner_api_pb2.ArtifactFilePayload.FromString(
+                    dep.type_payload).path))
+    return list(dict.fromkeys(names))
+
+
+def _dataflow_job(job: Any) -> dict[str, Any]:
+    """The job request body ``DataflowApplicationClient.create_job_description`` would send,
+    built offline: the same ``apiclient.Environment``, without uploading anything."""
+    from apache_beam.runners.dataflow.internal import apiclient
+    from apache_beam.runners.internal import names as shared_names
+
+    staging = job.options.view_as(GoogleCloudOptions).staging_location
+    job.proto.environment = apiclient.Environment(
+        packages=_staged_names(job.proto_pipeline), options=job.options,
+        environment_version=apiclient._FNAPI_ENVIRONMENT_MAJOR_VERSION,
+        proto_pipeline_staged_url=FileSystems.join(staging, shared_names.STAGED_PIPELINE_FILENAME),
+        proto_pipeline=job.proto_pipeline,
+        pipeline_proto_hash=hashlib.sha256(job.proto_pipeline.SerializeToString()).hexdigest(),
+    ).proto
+    return json.loads(job.json())
+
+
+def _write_json(path: str, obj: dict[str, Any]) -> None:
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".dry-run-", suffix=".tmp")
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        json.dump(obj, handle, indent=1, sort_keys=True, default=str)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+
+
+def dry_run(config: RunConfig, beam_args: Sequence[str], out_path: str) -> DryRunReport:
+    """Build the job for ``config`` and ``beam_args``, check it, write ``out_path``; run nothing.
+
+    Raises ``ConfigError``/``ContractsError``/``DryRunError`` (all ``ValueError``) for settings
+    that are invalid or cannot be checked offline; findings about the graph are in the
+    report's ``problems``.
+    """
+    config.validate()
+    if not (config.subscription or config.topic):
+        for path in config.inputs:
+            _local("--input", path)
+    if config.contracts_path:
+        _local("--contracts", config.contracts_path)
+    if "://" in out_path:
+        raise DryRunError(f"--dry-run {out_path}: give a local file")
+    catalog = _catalog(config)
+    options = PipelineOptions(list(beam_args))
+    standard = options.view_as(StandardOptions)
+    standard.runner = choose_runner(config, options)
+    if config.streaming:
+        standard.streaming = True
+    on_dataflow = standard.runner.endswith("DataflowRunner")
+    skipped: list[str] = []
+    if on_dataflow:
+        _prepare_dataflow(options, skipped)
+    else:
+        skipped.append(f"{standard.runner}: no job request exists before the run")
+
+    p = beam.Pipeline(options=options)
+    try:
+        build(p, config, catalog)
+    except RuntimeError as exc:  # Beam pickles each fn when a ParDo is made
+        if "pickle" not in str(exc):
+            raise
+        raise DryRunError(str(exc).splitlines()[0]) from None
+    checks = _Checks()
+    p.visit(checks)
+    problems = checks.unpicklable + checks.problems
+    names: list[str] = []
+    pipeline_json = job = None
+    if not checks.unpicklable:  # else the graph cannot be serialized at all
+        proto = p.to_runner_api()
+        names = stable_names(proto)
+        mapping = options.view_as(GoogleCloudOptions).transform_name_mapping or {}
+        every_name = {t.unique_name for t in proto.components.transforms.values()}
+        problems += [f"--transform_name_mapping maps {old!r} to {new!r}, which is not a "
+                     "transform of the new graph"
+                     for old, new in mapping.items() if new not in every_name]
+        if on_dataflow:
+            cloud = p.options.view_as(GoogleCloudOptions)  # the Pipeline copied the options
+            if cloud.update:  # apiclient.Job() would look the running job up (Dataflow API)
+                skipped.append("--update: finding the running job's id needs the Dataflow "
+                               "API; the job request is shown without replaceJobId and "
+                               "transformNameMapping")
+                cloud.update, cloud.transform_name_mapping = False, None
+            job = p.run().job  # Beam's --dry_run: returns before any API client exists
+            proto = job.proto_pipeline  # what Dataflow would receive (after its overrides)
+        pipeline_json = json.loads(json_format.MessageToJson(proto))
+    _write_json(out_path, {
+        "runner": standard.runner,
+        "streaming": bool(standard.streaming),
+        "options": p.options.get_all_options(drop_default=True),
+        "transform_names": names,
+        "checks": {"pickled": checks.pickled, "key_coders": checks.key_coders},
+        "skipped": skipped,
+        "problems": problems,
+        "pipeline": pipeline_json,
+        "dataflow_job": _dataflow_job(job) if job is not None else None,
+    })
+    return DryRunReport(
+        runner=standard.runner, streaming=bool(standard.streaming), out_path=out_path,
+        transform_names=tuple(names), pickled=checks.pickled,
+        key_coders=tuple(checks.key_coders), dataflow_job=job is not None,
+        skipped=tuple(skipped), problems=tuple(problems))
+
+
+def add_dry_run_option(run_parser: argparse.ArgumentParser) -> None:
+    """Add ``--dry-run FILE`` to the ``fanin run`` parser (``args.dry_run``, default None)."""
+    run_parser.add_argument(
+        "--dry-run", metavar="FILE", default=None,
+        help="build and check the job offline (pickling, deterministic key coders, option "
+             "checks), write its graph as JSON to FILE and exit without running it")
+
+
+def maybe_dry_run(args: argparse.Namespace, config: RunConfig, beam_args: Sequence[str]
+                  ) -> int | None:
+    """If ``--dry-run`` was given: do it, print the summary on stderr, return the exit code
+    (0: no problems, 1: problems found). Otherwise return None and do nothing.
+
+    Settings errors propagate as ``ValueError`` subclasses, for the caller's usual handling.
+    """
+    out_path = getattr(args, "dry_run", None)
+    if out_path is None:
+        return None
+    report = dry_run(config, beam_args, out_path)
+    for line in report.lines():
+        print(f"fanin: {line}", file=sys.stderr)
+    return 0 if report.ok else 1

@@ -1,0 +1,162 @@
+"""The dry run builds the real job offline, checks it and writes its graph."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import socket
+from pathlib import Path
+
+import apache_beam as beam
+import pytest
+
+from fanin.pipelines.pipeline import RunConfig, build
+from fanin.runners import DryRunError, add_dry_run_option, dataflow, dry_run, maybe_dry_run
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "fanin" / "examples"
+IMAGE = "us-docker.pkg.dev/fanin-dry-run/fanin/fanin:2.77.0"
+SUBSCRIPTION = "projects/fanin-dry-run/subscriptions/fanin-in"
+
+
+@pytest.fixture(autouse=True)
+def no_network(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any connection attempt (metadata server, GCS, Dataflow API) fails the test."""
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError(f"the dry run tried to reach the network: {args[1:]}")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket.socket, "connect_ex", refuse)
+    monkeypatch.setattr(socket, "getaddrinfo", refuse)
+
+
+def _config(streaming: bool = False, **overrides: object) -> RunConfig:
+    source = ({"subscription": SUBSCRIPTION} if streaming
+              else {"inputs": [str(EXAMPLES / "triage.jsonl")]})
+    return RunConfig(output="gs://fanin-dry-run-bucket/out",
+                     contracts_path=str(EXAMPLES / "contracts.yaml"), **{**source, **overrides})
+
+
+def _dataflow_args(streaming: bool, **kwargs: object) -> list[str]:
+    return dataflow("fanin-dry-run", "us-central1", "gs://fanin-dry-run-bucket/tmp",
+                    streaming=streaming, sdk_container_image=IMAGE, **kwargs)
+
+
+def test_dataflow_bounded_dry_run_writes_graph_and_job(tmp_path: Path) -> None:
+    out = tmp_path / "graph.json"
+    report = dry_run(_config(), _dataflow_args(False), str(out))
+    assert report.ok, report.problems
+    assert report.runner == "DataflowRunner" and not report.streaming and report.dataflow_job
+    assert report.pickled >= 5
+    assert "Join/GroupByJoin: StrUtf8Coder" in report.key_coders
+    assert {"Read", "Parse", "Join", "MergeDeadLetters", "Write/closes", "Write/late",
+            "Write/dead_letter"} == set(report.transform_names)
+    graph = json.loads(out.read_text())
+    assert graph["runner"] == "DataflowRunner" and graph["problems"] == []
+    assert graph["pipeline"]["components"]["transforms"]
+    job = graph["dataflow_job"]
+    assert job["type"] == "JOB_TYPE_BATCH"
+    assert job["environment"]["workerPools"][0]["workerHarnessContainerImage"] == IMAGE
+    assert job["environment"]["sdkPipelineOptions"]["options"]["project"] == "fanin-dry-run"
+
+
+def test_dataflow_streaming_dry_run_checks_the_stateful_join(tmp_path: Path) -> None:
+    report = dry_run(_config(streaming=True), _dataflow_args(True, exactly_once=False),
+                     str(tmp_path / "g.json"))
+    assert report.ok, report.problems
+    assert report.streaming
+    stateful = "Join/StatefulJoin/ParDo(JoinDoFn)"
+    assert f"{stateful}: StrUtf8Coder" in report.key_coders
+    assert {f"{stateful} state=msgs", f"{stateful} state=meta", f"{stateful} timer=ts-decide",
+            f"{stateful} timer=ts-expire"} <= set(report.transform_names)
+    job = json.loads((tmp_path / "g.json").read_text())["dataflow_job"]
+    assert job["type"] == "JOB_TYPE_STREAMING"
+    assert "streaming_mode_at_least_once" in job["environment"]["serviceOptions"]
+
+
+def test_update_is_checked_without_the_job_lookup(tmp_path: Path) -> None:
+    args = _dataflow_args(True, job_name="fanin-prod", update=True,
+                          transform_name_mapping={"Join/OldJoin": "Join/Renamed"})
+    report = dry_run(_config(streaming=True), args, str(tmp_path / "g.json"))
+    assert any(s.startswith("--update") for s in report.skipped)
+    assert report.problems == ("--transform_name_mapping maps 'Join/OldJoin' to "
+                               "'Join/Renamed', which is not a transform of the new graph",)
+
+
+def test_local_runner_dry_run_has_no_job(tmp_path: Path) -> None:
+    report = dry_run(_config(), [], str(tmp_path / "g.json"))
+    assert report.ok and report.runner == "FnApiRunner" and not report.dataflow_job
+    assert json.loads((tmp_path / "g.json").read_text())["dataflow_job"] is None
+
+
+class _Fragile(beam.DoFn):
+    """Pickles when the ParDo is made (Beam checks then), not once ``broken`` is set."""
+
+    broken = False
+
+    def __reduce__(self):
+        if self.broken:
+            raise TypeError("fragile state")
+        return (_Fragile, ())
+
+    def process(self, element):
+        yield element
+
+
+def test_problems_are_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def build_with_flaws(p: beam.Pipeline, config: RunConfig, catalog: object) -> None:
+        outputs = build(p, config, catalog)
+        outputs["closes"] | "AnyKeys" >> beam.GroupByKey()
+        if broken:
+            pardo = beam.ParDo(_Fragile())
+            outputs["late"] | "Fragile" >> pardo
+            pardo.fn.broken = True
+
+    monkeypatch.setattr(importlib.import_module("fanin.runners.dry_run"), "build",
+                        build_with_flaws)
+    parser = argparse.ArgumentParser()
+    add_dry_run_option(parser)
+    args = parser.parse_args(["--dry-run", str(tmp_path / "g.json")])
+    broken = False
+    assert maybe_dry_run(args, _config(), []) == 1
+    report = dry_run(_config(), [], str(tmp_path / "g.json"))
+    assert report.problems[0].startswith("AnyKeys: key coder FastPrimitivesCoder")
+    assert "not deterministic" in report.problems[0]
+    broken = True
+    report = dry_run(_config(), [], str(tmp_path / "g.json"))
+    assert report.problems[0].startswith("Fragile: _Fragile does not pickle: fragile state")
+    assert json.loads((tmp_path / "g.json").read_text())["pipeline"] is None
+
+
+def test_a_fn_beam_cannot_pickle_stops_the_dry_run(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    def build_with_lambda(p: beam.Pipeline, config: RunConfig, catalog: object) -> None:
+        gen = (i for i in ())  # generators do not pickle
+        build(p, config, catalog)["closes"] | beam.Map(lambda x: (gen, x))
+
+    monkeypatch.setattr(importlib.import_module("fanin.runners.dry_run"), "build",
+                        build_with_lambda)
+    with pytest.raises(DryRunError, match="Unable to pickle fn"):
+        dry_run(_config(), [], str(tmp_path / "g.json"))
+
+
+def test_maybe_dry_run_without_the_option_does_nothing(tmp_path: Path) -> None:
+    parser = argparse.ArgumentParser()
+    add_dry_run_option(parser)
+    assert maybe_dry_run(parser.parse_args([]), _config(), []) is None
+
+
+@pytest.mark.parametrize("args, config, message", [
+    (["--runner=DataflowRunner", "--project=fanin-dry-run",
+      "--temp_location=gs://fanin-dry-run-bucket/t"], {}, "--region"),
+    (["--runner=DataflowRunner", "--project=fanin-dry-run", "--region=us-central1",
+      "--temp_location=gs://b/t"], {}, "bucket"),
+    ([*dataflow("fanin-dry-run", "us-central1", "gs://fanin-dry-run-bucket/t"),
+      "--requirements_file=requirements.txt"], {}, "pip download"),
+    ([], {"inputs": ["gs://fanin-dry-run-bucket/in/*.jsonl"]}, "local copy"),
+])
+def test_what_needs_the_network_is_refused(tmp_path: Path, args: list[str],
+                                           config: dict[str, object], message: str) -> None:
+    with pytest.raises(DryRunError, match=message):
+        dry_run(_config(**config), args, str(tmp_path / "g.json"))
+    assert not (tmp_path / "g.json").exists()

@@ -1,0 +1,208 @@
+"""Runner presets produce options Beam and ``fanin run`` accept; bad input raises; the Flex
+Template files agree with ``fanin run`` and the pinned Beam version."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from pathlib import Path
+
+import pytest
+from apache_beam.options.pipeline_options import (
+    DirectOptions,
+    GoogleCloudOptions,
+    PipelineOptions,
+    PortableOptions,
+    SetupOptions,
+    StandardOptions,
+    WorkerOptions,
+)
+
+from fanin.pipelines import cli
+from fanin.runners import dataflow, default_sdk_image, direct, flink, portable, spark
+
+ROOT = Path(__file__).resolve().parent.parent
+FLEX = ROOT / "deploy" / "flex"
+GCP = ("my-project", "us-central1", "gs://my-bucket/tmp")
+
+
+def _forwarded(options: list[str]) -> list[str]:
+    """What ``fanin run`` would refuse among ``options`` (it forwards the rest to Beam)."""
+    return cli._unknown_beam_args(options)
+
+
+def test_direct_bounded_and_streaming() -> None:
+    assert direct(False) == ["--runner=FnApiRunner"]
+    threads = PipelineOptions(direct(False, workers=4)).view_as(DirectOptions)
+    assert (threads.direct_num_workers, threads.direct_running_mode) == (4, "multi_threading")
+    procs = PipelineOptions(direct(False, 2, multi_process=True)).view_as(DirectOptions)
+    assert procs.direct_running_mode == "multi_processing"
+    streaming = PipelineOptions(direct(True)).view_as(StandardOptions)
+    assert (streaming.runner, streaming.streaming) == ("BundleBasedDirectRunner", True)
+
+
+def test_dataflow_streaming_defaults() -> None:
+    options = PipelineOptions(dataflow(*GCP, max_workers=5, num_workers=2,
+                                       machine_type="n2-standard-4",
+                                       service_account="fanin@my-project.iam.gserviceaccount.com",
+                                       job_name="fanin-prod"))
+    cloud = options.view_as(GoogleCloudOptions)
+    assert (cloud.project, cloud.region, cloud.temp_location) == GCP
+    assert options.view_as(StandardOptions).runner == "DataflowRunner"
+    assert options.view_as(StandardOptions).streaming
+    assert not cloud.dataflow_service_options  # exactly-once is Dataflow's default
+    assert cloud.service_account_email == "fanin@my-project.iam.gserviceaccount.com"
+    assert cloud.job_name == "fanin-prod"
+    workers = options.view_as(WorkerOptions)
+    assert (workers.num_workers, workers.max_num_workers, workers.machine_type) == (
+        2, 5, "n2-standard-4")
+    assert options.view_as(SetupOptions).setup_file == "./setup.py"
+
+
+def test_dataflow_variants() -> None:
+    at_least_once = PipelineOptions(dataflow(*GCP, exactly_once=False))
+    assert at_least_once.view_as(GoogleCloudOptions).dataflow_service_options == [
+        "streaming_mode_at_least_once"]
+    batch = PipelineOptions(dataflow(*GCP, streaming=False))
+    assert not batch.view_as(StandardOptions).streaming
+    image = PipelineOptions(dataflow(*GCP, sdk_container_image="europe-docker.pkg.dev/p/r/f:1"))
+    assert image.view_as(SetupOptions).setup_file is None
+    assert image.view_as(WorkerOptions).sdk_container_image == "europe-docker.pkg.dev/p/r/f:1"
+    update = PipelineOptions(dataflow(*GCP, job_name="fanin-prod", update=True,
+                                      transform_name_mapping={"Join": "Join2"}))
+    cloud = update.view_as(GoogleCloudOptions)
+    assert cloud.update and cloud.transform_name_mapping == {"Join": "Join2"}
+
+
+def test_portable_runners() -> None:
+    f = PipelineOptions(flink("flink-jm:8081", 4, "DOCKER"))
+    assert f.view_as(StandardOptions).runner == "FlinkRunner"
+    assert f.view_as(PortableOptions).environment_config == default_sdk_image()
+    assert f.get_all_options()["parallelism"] == 4
+    assert "--flink_job_server_jar=/jars/flink.jar" in flink("[local]", 1,
+                                                              job_server_jar="/jars/flink.jar")
+    s = PipelineOptions(spark("spark://master:7077", "EXTERNAL", "localhost:50000"))
+    assert s.get_all_options()["spark_master_url"] == "spark://master:7077"
+    assert s.view_as(PortableOptions).environment_type == "EXTERNAL"
+    p = PipelineOptions(portable("localhost:8099"))
+    assert p.view_as(PortableOptions).job_endpoint == "localhost:8099"
+
+
+def test_every_preset_passes_through_fanin_run() -> None:
+    presets = [direct(False, 2, True), direct(True),
+               dataflow(*GCP, exactly_once=False, max_workers=3, job_name="j", update=True,
+                        transform_name_mapping={"a": "b"}),
+               flink("localhost:8081", 2), spark(), portable("localhost:8099", "DOCKER")]
+    for options in presets:
+        assert _forwarded(options) == [], options
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: direct(False, workers=0), "workers"),
+    (lambda: direct(False, multi_process=True), "workers >= 2"),
+    (lambda: direct(True, workers=2), "one process"),
+    (lambda: dataflow("123456789", "us-central1", "gs://my-bucket/t"), "project"),
+    (lambda: dataflow("My_Project", "us-central1", "gs://my-bucket/t"), "project"),
+    (lambda: dataflow("my-project", "us-central1-a", "gs://my-bucket/t"), "not a zone"),
+    (lambda: dataflow("my-project", "central", "gs://my-bucket/t"), "region"),
+    (lambda: dataflow("my-project", "us-central1", "/tmp/t"), "gs://"),
+    (lambda: dataflow("my-project", "us-central1", "gs://b/t"), "bucket"),
+    (lambda: dataflow(*GCP, max_workers=0), "max_workers"),
+    (lambda: dataflow(*GCP, num_workers=5, max_workers=2), "<= max_workers"),
+    (lambda: dataflow(*GCP, setup_file=None), "setup_file or sdk_container_image"),
+    (lambda: dataflow(*GCP, setup_file="pkg/setup.py", sdk_container_image="img:1"),
+     "not both"),
+    (lambda: dataflow(*GCP, setup_file="requirements.txt"), "setup.py"),
+    (lambda: dataflow(*GCP, streaming=False, exactly_once=False), "streaming only"),
+    (lambda: dataflow(*GCP, enable_streaming_engine=False), "Streaming Engine"),
+    (lambda: dataflow(*GCP, update=True), "job_name"),
+    (lambda: dataflow(*GCP, streaming=False, update=True, job_name="j"), "streaming"),
+    (lambda: dataflow(*GCP, transform_name_mapping={"a": "b"}), "update=True"),
+    (lambda: dataflow(*GCP, job_name="Bad_Name"), "job_name"),
+    (lambda: dataflow(*GCP, machine_type="big one"), "machine_type"),
+    (lambda: dataflow(*GCP, service_account="nobody"), "service_account"),
+    (lambda: flink("localhost", 1), "master"),
+    (lambda: flink("localhost:8081", 0), "parallelism"),
+    (lambda: flink("localhost:8081", 1, "K8S"), "environment_type"),
+    (lambda: flink("localhost:8081", 1, "PROCESS"), "environment_config"),
+    (lambda: flink("localhost:8081", 1, "LOOPBACK", "x"), "LOOPBACK"),
+    (lambda: spark("yarn"), "master"),
+    (lambda: portable("localhost"), "job_endpoint"),
+])
+def test_bad_preset_input_raises(call, message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        call()
+
+
+# ----------------------------------------------------------------------------- Flex Template
+def _flex_main():
+    spec = importlib.util.spec_from_file_location("fanin_flex_main", FLEX / "main.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+EXAMPLES = {
+    "subscription": "projects/my-project/subscriptions/fanin-in",
+    "input": "gs://my-bucket/traffic/*.jsonl",
+    "output": "gs://my-bucket/fanin/",
+    "contracts": "gs://my-bucket/fanin/contracts.yaml",
+    "close_trigger": "watermark",
+    "deadline_s": "45",
+    "allow_partial": "true",
+    "fail_fast": "false",
+    "retention_s": "604800",
+    "window_s": "60",
+    "shards": "2",
+    "max_bytes": "262144",
+    "max_messages_per_join": "1000",
+    "format": "jsonl,parquet",
+}
+BAD = {
+    "subscription": "projects/my-project/topics/t", "input": "/local/file.jsonl",
+    "output": "out/", "contracts": "gs://my-bucket/c.json", "close_trigger": "eagerly",
+    "deadline_s": "-1", "allow_partial": "yes", "fail_fast": "1", "retention_s": "7d",
+    "window_s": "a", "shards": "0", "max_bytes": "1e6", "max_messages_per_join": "-5",
+    "format": "csv",
+}
+
+
+def test_flex_metadata_is_complete() -> None:
+    metadata = json.loads((FLEX / "metadata.json").read_text(encoding="utf-8"))
+    assert metadata["name"] and metadata["description"]
+    params = metadata["parameters"]
+    names = [p["name"] for p in params]
+    assert len(names) == len(set(names)) and set(names) == set(EXAMPLES)
+    for p in params:
+        assert p["label"] and p["helpText"] and isinstance(p["isOptional"], bool), p
+        assert p["regexes"], f"{p['name']} has no regex"
+        for regex in p["regexes"]:
+            assert re.fullmatch(regex, EXAMPLES[p["name"]]), (p["name"], regex)
+            assert not re.fullmatch(regex, BAD[p["name"]]), (p["name"], regex)
+    assert [p["name"] for p in params if not p["isOptional"]] == ["output"]
+
+
+def test_flex_parameters_are_fanin_run_options() -> None:
+    main = _flex_main()
+    names = main.parameter_names()
+    argv = [f"--{name}={value}" for name, value in EXAMPLES.items()]
+    argv += ["--runner=DataflowRunner", "--project=my-project"]
+    args, rest = cli._parser().parse_known_args(["run", *main.to_fanin_args(argv, names)])
+    assert rest == ["--runner=DataflowRunner", "--project=my-project"]  # Beam's, forwarded
+    assert (args.subscription, args.output, args.close_trigger) == (
+        EXAMPLES["subscription"], EXAMPLES["output"], "watermark")
+    assert (args.deadline_s, args.allow_partial, args.fail_fast) == (45.0, True, False)
+    assert (args.max_messages_per_join, args.format) == (1000, ["jsonl", "parquet"])
+
+
+def test_dockerfile_pins_the_project_beam_version() -> None:
+    dockerfile = (FLEX / "Dockerfile").read_text(encoding="utf-8")
+    pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    pin = re.search(r'"apache-beam\[gcp\]==([0-9.]+)\.\*"', pyproject).group(1)
+    images = re.findall(r"^FROM (\S+)", dockerfile, flags=re.MULTILINE)
+    assert images[0].startswith("gcr.io/dataflow-templates-base/python311-template-launcher")
+    assert images[-1] == f"apache/beam_python3.11_sdk:{pin}.0"
+    assert 'FLEX_TEMPLATE_PYTHON_PY_FILE="${WORKDIR}/deploy/flex/main.py"' in dockerfile
+    assert "FLEX_TEMPLATE_PYTHON_SETUP_FILE" in dockerfile
+    assert "/opt/google/dataflow/python_template_launcher" in dockerfile
