@@ -199,9 +199,6 @@ def test_join_spread_over_days(tmp_path: Path, contracts: str, mode: dict[str, A
     assert late["join_id"] == "long" and late["reason"] == "after_deadline"
 
 
-@pytest.mark.xfail(strict=True, reason="BUG join._bounded applies max_messages_per_join before "
-                   "the closing decision: messages after the close are join_too_large in "
-                   "batch but late (after_close) in the stream, breaking SPEC §4 parity")
 def test_loop_after_complete_is_late_in_batch_and_stream(tmp_path: Path, contracts: str) -> None:
     lines = [open_line("hot", T0, "loop"), receipt_line("hot", "a", T0 + 1),
              receipt_line("hot", "b", T0 + 2)] + [
@@ -215,10 +212,6 @@ def test_loop_after_complete_is_late_in_batch_and_stream(tmp_path: Path, contrac
     assert batch["dead_letter"] == stream["dead_letter"]
 
 
-@pytest.mark.xfail(strict=True, reason="BUG join._bounded picks the overflow by (event time, "
-                   "raw text): an open that ties with the loop's receipts sorts after them "
-                   "('{\"join_id\"' < '{\"kind\"'), is dropped as join_too_large and the kept "
-                   "receipts become undefined_join; the stream keeps the open and closes")
 def test_overflow_never_drops_the_open(tmp_path: Path, contracts: str) -> None:
     lines = [open_line("hot", T0, "loop")] + [
         line({"join_id": "hot", "branch": "a", "status": "ok", "event_time": format_ms(T0)})

@@ -55,6 +55,14 @@ def dead_letter(error: str, detail: str, raw: str | bytes, source: dict[str, Any
     return line
 
 
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _field_errors(exc: ValidationError) -> str:
     parts = []
     for err in exc.errors(include_url=False):
@@ -108,10 +116,18 @@ def parse_message(data: bytes | str, source: dict[str, Any], contracts: Containe
         except UnicodeDecodeError as exc:
             return None, dead_letter("not_utf8", f"not UTF-8 at byte {exc.start}", data, source)
     else:
+        try:
+            size = len(data.encode("utf-8")) if len(data) * 4 > max_bytes else 0
+        except UnicodeEncodeError:  # a lone surrogate: not UTF-8; keep the exact code points
+            return parse_message(data.encode("utf-8", "surrogatepass"), source, contracts,
+                                 max_bytes)
+        if size > max_bytes:
+            return None, dead_letter("too_large", f"{size} bytes > limit {max_bytes}", data,
+                                     source)
         text = data
-        if len(text) * 4 > max_bytes and len(text.encode("utf-8")) > max_bytes:
-            return None, dead_letter("too_large", f"{len(text.encode('utf-8'))} bytes > limit "
-                                     f"{max_bytes}", text, source)
+        if size == 0 and not _is_utf8(text):
+            return parse_message(text.encode("utf-8", "surrogatepass"), source, contracts,
+                                 max_bytes)
     try:
         obj = loads_strict(text)
     except JSONRefused as exc:

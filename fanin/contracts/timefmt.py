@@ -19,7 +19,8 @@ import re
 __all__ = ["MAX_MS", "MIN_MS", "format_ms", "parse_rfc3339"]
 
 _RFC3339 = re.compile(
-    r"(\d{4})-(\d{2})-(\d{2})[Tt](\d{2}):(\d{2}):(\d{2})(?:\.(\d+))?(?:([Zz])|([+-])(\d{2}):(\d{2}))\Z"
+    r"(\d{4})-(\d{2})-(\d{2})[Tt](\d{2}):(\d{2}):(\d{2})(?:\.(\d+))?(?:([Zz])|([+-])(\d{2}):(\d{2}))\Z",
+    re.ASCII,  # \d is 0-9 only: fullwidth or Arabic-Indic digits are not RFC 3339
 )
 _DAYS_IN_MONTH = (31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
 _MS_PER_DAY = 86_400_000

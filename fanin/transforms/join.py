@@ -75,18 +75,32 @@ def _emit(outputs: Iterable[tuple[str, dict[str, Any]]]) -> Iterator[Any]:
             yield pvalue.TaggedOutput(tag, obj)
 
 
+def _arrival_order(record: R.Record) -> tuple[Any, ...]:
+    """Bounded input has no arrival order: event time, opens first, then the text."""
+    return (record[R.TIME], record[R.KIND] != R.OPEN, record[R.RAW])
+
+
 def _bounded(element: tuple[str, Iterable[R.Record]], catalog: Catalog,
              max_messages: int) -> Iterator[Any]:
+    """One join of a bounded run. Beyond ``max_messages`` (in event-time order) a record is
+    late if the join closed before its event time, as in the stream, else ``join_too_large``."""
     _, grouped = element
     records = list(grouped)
+    overflow: list[R.Record] = []
     if len(records) > max_messages:
-        records.sort(key=lambda r: (r[R.TIME], r[R.RAW]))
-        yield from _emit(rejected_outputs(records[max_messages:], "join_too_large", _TOO_LARGE))
+        records.sort(key=_arrival_order)
+        overflow = records[max_messages:]
         records = records[:max_messages]
     closed, rejected = decide_all(records, catalog)
     yield from _emit(rejected_outputs(rejected, "undefined_join", _UNDEFINED))
+    too_large = overflow
     if closed is not None:
         yield from _emit(closed_outputs(closed))
+        too_large = [r for r in overflow if r[R.TIME] <= closed.closed_at]
+        yield from _emit((LATE, late_object(r, late_reason(r[R.TIME], closed.deadline),
+                                            closed.reason))
+                         for r in overflow if r[R.TIME] > closed.closed_at)
+    yield from _emit(rejected_outputs(too_large, "join_too_large", _TOO_LARGE))
 
 
 class JoinDoFn(beam.DoFn):
