@@ -16,7 +16,7 @@ from pathlib import Path
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from fanin.pipelines.pipeline import RunConfig, _catalog, build
+from fanin.pipelines.pipeline import RunConfig, build, catalog_for
 from fanin.runners import stable_names
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,7 +34,7 @@ def _names(mode: str) -> list[str]:
     p = beam.Pipeline(options=PipelineOptions(
         ["--runner=BundleBasedDirectRunner", "--streaming"] if mode == "streaming"
         else ["--runner=FnApiRunner"]))
-    build(p, config, _catalog(config))
+    build(p, config, catalog_for(config))
     return [f"{mode} {name}" for name in stable_names(p.to_runner_api())]
 
 

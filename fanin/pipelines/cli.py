@@ -66,6 +66,9 @@ def _add_run(subparsers: argparse._SubParsersAction) -> None:
     limits.add_argument("--shards", type=int, default=1, help="files per output per window")
     run.add_argument("--log-closes", action="store_true",
                      help="log one structured event per close (fanin.close logger)")
+    from fanin.runners.dry_run import add_dry_run_option
+
+    add_dry_run_option(run)
     run.set_defaults(func=_run)
 
 
@@ -88,6 +91,11 @@ def _run(args: argparse.Namespace, beam_args: Sequence[str]) -> int:
                                                 ("late", args.late_topic),
                                                 ("dead_letter", args.dead_letter_topic))
                 if topic})
+        from fanin.runners.dry_run import maybe_dry_run
+
+        code = maybe_dry_run(args, config, beam_args)
+        if code is not None:
+            return code
         run_pipeline(config, beam_args)
     except (ConfigError, ContractsError, FileNotFoundError, ValueError) as exc:
         print(f"fanin: error: {str(exc).splitlines()[0]}", file=sys.stderr)

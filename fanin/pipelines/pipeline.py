@@ -3,8 +3,9 @@
 Guarantees:
 - ``RunConfig.validate`` refuses bad settings with one clear ``ConfigError`` line.
 - ``build`` wires stable, documented transform labels (``Read``, ``Parse``, ``Join``,
-  ``Write/closes``, ``Write/late``, ``Write/dead_letter``, ``Write/parse_dead_letter``) so a
-  Dataflow update keeps matching them (``tests/test_transform_names.py``).
+  ``MergeDeadLetters``, ``Write/closes``, ``Write/late``, ``Write/dead_letter``, and
+  ``Publish/<kind>`` when asked) so a Dataflow update keeps matching them
+  (``tests/test_transform_names.py``).
 - ``choose_runner`` always names a runner explicitly, so no run tries to download Prism:
   bounded file input -> ``FnApiRunner``; ``--replay`` and Pub/Sub -> ``BundleBasedDirectRunner``.
 """
@@ -29,7 +30,8 @@ from fanin.transforms.read import ReadNumberedLines, expand_inputs, numbered_lin
 from fanin.transforms.replay import build_replay
 from fanin.transforms.write import FORMATS, WriteOutput
 
-__all__ = ["ConfigError", "RunConfig", "build", "choose_runner", "run_pipeline"]
+__all__ = ["ConfigError", "RunConfig", "build", "catalog_for", "choose_runner",
+           "configure_options", "run_pipeline"]
 
 _LOG = logging.getLogger("fanin")
 
@@ -94,7 +96,8 @@ def choose_runner(config: RunConfig, options: PipelineOptions) -> str:
     return "BundleBasedDirectRunner" if config.streaming else "FnApiRunner"
 
 
-def _catalog(config: RunConfig) -> Catalog:
+def catalog_for(config: RunConfig) -> Catalog:
+    """The contracts of ``config`` (read now, from any Beam filesystem) and its defaults."""
     contracts = load_contracts(config.contracts_path) if config.contracts_path else {}
     return Catalog(contracts, config.defaults)
 
@@ -149,16 +152,23 @@ def _prepare_output(output: str, overwrite: bool) -> None:
         os.makedirs(folder, exist_ok=True)
 
 
-def run_pipeline(config: RunConfig, beam_args: Sequence[str]) -> beam.runners.runner.PipelineResult:
-    """Validate, build and run the job; blocks until a bounded run finishes."""
-    config.validate()
-    catalog = _catalog(config)
+def configure_options(config: RunConfig, beam_args: Sequence[str]) -> PipelineOptions:
+    """Beam's options for ``config``: the runner made explicit, streaming set when needed."""
     options = PipelineOptions(list(beam_args))
-    runner = choose_runner(config, options)
     standard = options.view_as(StandardOptions)
-    standard.runner = runner
+    standard.runner = choose_runner(config, options)
     if config.streaming:
         standard.streaming = True
+    return options
+
+
+def run_pipeline(config: RunConfig, beam_args: Sequence[str]) -> beam.runners.runner.PipelineResult:
+    """Validate, build and run the job; waits for it to finish, except a streaming job on
+    Dataflow, which is left running once submitted."""
+    config.validate()
+    catalog = catalog_for(config)
+    options = configure_options(config, beam_args)
+    runner = options.view_as(StandardOptions).runner
     if "://" not in config.output:
         _prepare_output(config.output, config.overwrite)
     _LOG.info("fanin: runner %s, %s input", runner,
@@ -166,5 +176,8 @@ def run_pipeline(config: RunConfig, beam_args: Sequence[str]) -> beam.runners.ru
     p = beam.Pipeline(options=options)
     build(p, config, catalog)
     result = p.run()
+    if config.streaming and runner.endswith("DataflowRunner"):
+        _LOG.info("fanin: streaming job submitted; it runs until drained or cancelled")
+        return result
     result.wait_until_finish()
     return result

@@ -49,7 +49,7 @@ from apache_beam.portability.api import beam_runner_api_pb2
 from apache_beam.transforms import userstate
 from google.protobuf import json_format
 
-from fanin.pipelines.pipeline import RunConfig, _catalog, build, choose_runner
+from fanin.pipelines.pipeline import RunConfig, build, catalog_for, configure_options
 from fanin.runners.presets import validate_dataflow_location, validate_gcs_path
 
 __all__ = [
@@ -258,12 +258,9 @@ def dry_run(config: RunConfig, beam_args: Sequence[str], out_path: str) -> DryRu
         _local("--contracts", config.contracts_path)
     if "://" in out_path:
         raise DryRunError(f"--dry-run {out_path}: give a local file")
-    catalog = _catalog(config)
-    options = PipelineOptions(list(beam_args))
+    catalog = catalog_for(config)
+    options = configure_options(config, beam_args)
     standard = options.view_as(StandardOptions)
-    standard.runner = choose_runner(config, options)
-    if config.streaming:
-        standard.streaming = True
     on_dataflow = standard.runner.endswith("DataflowRunner")
     skipped: list[str] = []
     if on_dataflow:
