@@ -51,6 +51,17 @@ def _earlier(a: R.Record, b: R.Record) -> bool:
         (b[R.TIME], b[R.MESSAGE_ID] or "", b[R.RUN_ID] or "", b[R.RAW])
 
 
+def _keep_first(mapping: dict[str, R.Record], key: str, record: R.Record) -> bool:
+    """Store ``record`` under ``key``, keeping the earliest copy; True if the key was new."""
+    seen = mapping.get(key)
+    if seen is None:
+        mapping[key] = record
+        return True
+    if _earlier(record, seen):
+        mapping[key] = record
+    return False
+
+
 class _Branch:
     """All non-skip receipts of one branch path (a branch with one receipt is just the record).
 
@@ -326,15 +337,11 @@ class JoinReducer:
 
     def _add_skip(self, record: R.Record) -> None:
         path = record[R.R_BRANCH]
-        seen = self.skips.get(path)
-        if seen is not None:
-            self.dup_other += 1
-            if _earlier(record, seen):
-                self.skips[path] = record
-            return
         if self.skips is _NO_MAP:
             self.skips = {}
-        self.skips[path] = record
+        if not _keep_first(self.skips, path, record):
+            self.dup_other += 1
+            return
         defn = self._defn
         if defn is not None and defn.required is not None:
             self._apply_skip(path)
@@ -372,13 +379,9 @@ class JoinReducer:
             self._materialize(name)
             branch = branches[name] = _Branch(branch[R.R_ATTEMPT], branch[R.R_CONTENT], branch)
         if attempt == branch.max_attempt:
-            seen = branch.cand.get(content)
-            if seen is not None:
+            if not _keep_first(branch.cand, content, record):
                 self.duplicates += 1
-                if _earlier(record, seen):
-                    branch.cand[content] = record
                 return
-            branch.cand[content] = record
         elif attempt > branch.max_attempt:
             lower = branch.lower
             if lower is None:
