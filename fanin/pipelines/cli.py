@@ -37,6 +37,9 @@ def _add_run(subparsers: argparse._SubParsersAction) -> None:
                      help="newline-delimited JSON file(s); repeatable; any Beam filesystem")
     src.add_argument("--subscription", help="Pub/Sub subscription projects/P/subscriptions/S")
     src.add_argument("--topic", help="Pub/Sub topic projects/P/topics/T (a subscription is made)")
+    src.add_argument("--id-label", metavar="ATTRIBUTE",
+                     help="Pub/Sub attribute Dataflow deduplicates by (Dataflow only; the "
+                     "local runner refuses it and the reducer's dedup applies)")
     src.add_argument("--replay", action="store_true",
                      help="replay --input as a stream, in file order")
     src.add_argument("--max-disorder-s", type=float, default=0.0,
@@ -86,7 +89,7 @@ def _run(args: argparse.Namespace, beam_args: Sequence[str]) -> int:
             max_disorder_s=args.max_disorder_s, max_bytes=args.max_bytes,
             max_messages_per_join=args.max_messages_per_join, window_s=args.window_s,
             shards=args.shards, subscription=args.subscription, topic=args.topic,
-            overwrite=args.overwrite, topics={
+            overwrite=args.overwrite, id_label=args.id_label, topics={
                 kind: topic for kind, topic in (("closes", args.closes_topic),
                                                 ("late", args.late_topic),
                                                 ("dead_letter", args.dead_letter_topic))
@@ -97,7 +100,8 @@ def _run(args: argparse.Namespace, beam_args: Sequence[str]) -> int:
         if code is not None:
             return code
         run_pipeline(config, beam_args)
-    except (ConfigError, ContractsError, FileNotFoundError, ValueError) as exc:
+    except (ConfigError, ContractsError, FileNotFoundError, ValueError,
+            NotImplementedError) as exc:
         print(f"fanin: error: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 2
     if "://" not in args.output and "jsonl" in config.formats:

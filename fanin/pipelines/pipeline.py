@@ -58,6 +58,7 @@ class RunConfig:
     subscription: str | None = None
     topic: str | None = None
     overwrite: bool = False
+    id_label: str | None = None  # Pub/Sub attribute Dataflow deduplicates by (Dataflow only)
     # optional Pub/Sub topics the outputs are also published to (kind -> topic)
     topics: dict[str, str] = field(default_factory=dict)
 
@@ -69,6 +70,8 @@ class RunConfig:
             raise ConfigError("give exactly one of --input, --subscription, --topic")
         if self.replay and not self.inputs:
             raise ConfigError("--replay replays --input files")
+        if self.id_label and not (self.subscription or self.topic):
+            raise ConfigError("--id-label is for Pub/Sub input")
         if self.max_disorder_s < 0:
             raise ConfigError("--max-disorder-s must be >= 0")
         if self.max_bytes <= 0 or self.max_messages_per_join < 1:
@@ -121,7 +124,8 @@ def build(p: beam.Pipeline, config: RunConfig, catalog: Catalog) -> dict[str, be
     else:
         from fanin.io.pubsub import ReadMessages
 
-        raw = p | "Read" >> ReadMessages(subscription=config.subscription, topic=config.topic)
+        raw = p | "Read" >> ReadMessages(subscription=config.subscription, topic=config.topic,
+                                         id_label=config.id_label)
     parsed = raw | "Parse" >> ParseMessages(frozenset(catalog.contracts), config.max_bytes)
     joined = parsed.records | "Join" >> JoinRecords(catalog, config.streaming,
                                                     config.max_messages_per_join)
