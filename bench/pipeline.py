@@ -1,0 +1,517 @@
+"""Benchmark: whole Beam pipelines on the local runners (see docs/performance.md).
+
+Usage: ``python bench/pipeline.py [--messages 200000] [--stream-messages 20000] [--repeats 3]
+[--only memory|bounded|stream|growth|trigger]``
+
+Workloads come from the fleet simulator (``write_simulation``, bundled contracts) written to
+files in a temporary folder; every pipeline reads those files. Variants of one part run
+alternately inside one process so machine noise hits them alike; tables show medians of
+``--repeats`` runs and ratios of medians.
+
+- ``bounded``: FnApiRunner. Fanin (``run_pipeline``) vs a naive Beam join (ReadFromText ->
+  ``parse_message`` records -> GroupByKey -> ``bench/naive.py``'s reducer over each group sorted by
+  event time -> json.dumps -> WriteToText) vs a floor (read + parse + write, no join).
+- ``stream``: BundleBasedDirectRunner on the replay TestStream. Fanin (``replay=True``) vs a
+  floor stateful DoFn (BagState append + one event-time timer per join) after the same replay
+  source and parse step.
+- ``growth``: Fanin bounded at N/10 and N messages; Fanin replay at S/4 and S messages.
+- ``memory``: per-join streaming state of open joins (pickled and coder-encoded sizes) and the
+  peak RSS of folding them into ``JoinReducer`` objects, in a fresh process.
+- ``trigger``: replay throughput and close latency for the ``eager`` and ``watermark`` close
+  triggers. The join DoFn is a ``JoinDoFn`` subclass that counts the records it received; the
+  latency of a close = the largest event time among the records the join had received when it
+  emitted the close, minus the close's ``closed_at`` (how far the stream had moved on in event
+  time before the close came out).
+
+Times: "run" is ``Pipeline.run()`` until finished (runner start-up included); pipeline
+construction (building the graph, and for replays reading the file into the TestStream) is
+measured separately and excluded from the rates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib
+import json
+import multiprocessing
+import os
+import pickle
+import random
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import apache_beam as beam
+from apache_beam import pvalue
+from apache_beam.coders import coders
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.transforms import userstate
+from apache_beam.transforms.timeutil import TimeDomain
+from apache_beam.utils.timestamp import Duration
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from naive import NaiveJoin
+
+from fanin.contracts import records as R
+from fanin.contracts.catalog import Catalog, JoinDefaults, load_contracts
+from fanin.contracts.parsing import parse_message
+from fanin.contracts.timefmt import format_ms, parse_rfc3339
+from fanin.fleet.simulate import CONTRACTS_PATH, write_simulation
+from fanin.pipelines.pipeline import RunConfig, build, run_pipeline
+from fanin.transforms.join import JoinDoFn
+from fanin.transforms.outcomes import CLOSES, DEAD_LETTER, LATE
+from fanin.transforms.parse import ParseMessages
+from fanin.transforms.read import numbered_lines
+from fanin.transforms.replay import build_replay
+from fanin.transforms.write import WriteOutput
+
+PARTS = ("memory", "bounded", "stream", "growth", "trigger")
+_LINES_PER_JOIN = 6.9  # the simulator's default rates give ~6.9 lines per join
+_SOURCE = {"kind": "file"}
+
+# Probes of the trigger part. They live in this module's globals; the probe DoFns are used
+# through this file imported as a module (``_probes()``) so that Beam pickles them by
+# reference and every copy in the (in-process) BundleBasedDirectRunner shares these objects.
+_PROBE: dict[str, int] = {"lines": 0, "max_seen": -(2**62)}
+_STAMPS: list[tuple[str | None, str, int, int, int]] = []
+
+
+# ------------------------------------------------------------------------- helpers
+def _median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def _table(title: str, header: list[str], rows: list[list[Any]]) -> None:
+    print(f"\n### {title}\n")
+    print("| " + " | ".join(header) + " |")
+    print("|" + "|".join("---" for _ in header) + "|")
+    for row in rows:
+        print("| " + " | ".join(_cell(x) for x in row) + " |")
+    sys.stdout.flush()
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:,.2f}" if abs(value) < 100 else f"{value:,.0f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def _workload(folder: str, messages: int, seed: int = 1) -> tuple[str, int]:
+    """Simulated traffic of about ``messages`` lines in ``folder``; returns (path, lines)."""
+    path = os.path.join(folder, f"sim-{messages}.jsonl")
+    joins = max(1, round(messages / _LINES_PER_JOIN))
+    summary = write_simulation(path, joins, seed)
+    return path, summary.lines
+
+
+def _catalog(defaults: JoinDefaults | None = None) -> Catalog:
+    return Catalog(load_contracts(CONTRACTS_PATH), defaults or JoinDefaults())
+
+
+def _horizon_ms(catalog: Catalog) -> int:
+    """Deadline + retention room after the last event, as ``fanin run --replay`` uses."""
+    deadlines = [catalog.defaults.deadline_s] + [
+        c.deadline_s for c in catalog.contracts.values() if c.deadline_s]
+    retentions = [catalog.defaults.retention_s] + [
+        c.retention_s for c in catalog.contracts.values() if c.retention_s is not None]
+    return int((max(deadlines) + max(retentions)) * 1000) + 1
+
+
+def _timed(construct: Callable[[], beam.Pipeline]) -> tuple[float, float]:
+    """(construction seconds, run seconds) of one pipeline."""
+    start = time.perf_counter()
+    p = construct()
+    built = time.perf_counter()
+    p.run().wait_until_finish()
+    return built - start, time.perf_counter() - built
+
+
+def _options(streaming: bool) -> PipelineOptions:
+    if streaming:
+        return PipelineOptions(["--runner=BundleBasedDirectRunner", "--streaming"])
+    return PipelineOptions(["--runner=FnApiRunner"])
+
+
+# ------------------------------------------------------------------------- bounded variants
+def _fanin_config(path: str, out: str, replay: bool = False,
+                  defaults: JoinDefaults | None = None) -> RunConfig:
+    return RunConfig(output=out, inputs=[path], contracts_path=CONTRACTS_PATH, replay=replay,
+                     overwrite=True, defaults=defaults or JoinDefaults())
+
+
+def _fanin_bounded(path: str, out: str) -> tuple[float, float]:
+    """``run_pipeline`` wall time; its construction is timed by building an unrun copy."""
+    config = _fanin_config(path, out)
+    start = time.perf_counter()
+    build(beam.Pipeline(options=_options(False)), config, _catalog())
+    construction = time.perf_counter() - start
+    start = time.perf_counter()
+    run_pipeline(config, ["--runner=FnApiRunner"])
+    return construction, time.perf_counter() - start - construction
+
+
+def _records(line: str, contracts: frozenset[str]) -> Iterator[tuple[str, R.Record]]:
+    record, _ = parse_message(line, _SOURCE, contracts)
+    if record is not None:
+        yield record[R.JOIN_ID], record
+
+
+def _naive_close(element: tuple[str, Any]) -> dict[str, Any]:
+    """The obvious reducer over a join sorted by event time; closes at first completeness."""
+    join_id, grouped = element
+    ordered = sorted(grouped, key=lambda r: r[R.TIME])
+    join = NaiveJoin()
+    closed_at = None
+    for record in ordered:
+        join.add(record)
+        if join.required and join.complete():
+            closed_at = record[R.TIME]
+            break
+    return {"join_id": join_id, "reason": "complete" if closed_at is not None else "timeout",
+            "closed_at": None if closed_at is None else format_ms(closed_at),
+            "messages": len(ordered),
+            "values": {branch: rec[R.R_VALUE] for branch, rec in join.accepted.items()}}
+
+
+def _naive_bounded(path: str, out: str) -> beam.Pipeline:
+    contracts = frozenset(_catalog().contracts)
+    p = beam.Pipeline(options=_options(False))
+    (p
+     | "Read" >> beam.io.ReadFromText(path)
+     | "Parse" >> beam.FlatMap(_records, contracts).with_output_types(tuple[str, tuple])
+     | "Group" >> beam.GroupByKey()
+     | "Close" >> beam.Map(_naive_close)
+     | "Dump" >> beam.Map(json.dumps)
+     | "Write" >> beam.io.WriteToText(os.path.join(out, "closes"), ".jsonl"))
+    return p
+
+
+def _raw_text(line: str, contracts: frozenset[str]) -> str:
+    record, dead = parse_message(line, _SOURCE, contracts)
+    return record[R.RAW] if record is not None else dead["raw"]  # type: ignore[index]
+
+
+def _floor_bounded(path: str, out: str) -> beam.Pipeline:
+    contracts = frozenset(_catalog().contracts)
+    p = beam.Pipeline(options=_options(False))
+    (p
+     | "Read" >> beam.io.ReadFromText(path)
+     | "Parse" >> beam.Map(_raw_text, contracts)
+     | "Write" >> beam.io.WriteToText(os.path.join(out, "floor"), ".jsonl"))
+    return p
+
+
+def part_bounded(tmp: str, messages: int, repeats: int) -> None:
+    path, lines = _workload(tmp, messages)
+    runs: dict[str, list[tuple[float, float]]] = {"fanin": [], "naive": [], "floor": []}
+    for i in range(repeats):
+        runs["fanin"].append(_fanin_bounded(path, os.path.join(tmp, f"fanin-{i}")))
+        runs["naive"].append(_timed(functools.partial(
+            _naive_bounded, path, os.path.join(tmp, f"n-{i}"))))
+        runs["floor"].append(_timed(functools.partial(
+            _floor_bounded, path, os.path.join(tmp, f"f-{i}"))))
+    run = {k: _median([r for _, r in v]) for k, v in runs.items()}
+    rows = [[name, lines, _median([c for c, _ in runs[name]]), run[name], lines / run[name],
+             run["naive"] / run[name], run["floor"] / run[name]] for name in runs]
+    _table(f"a. Bounded, FnApiRunner, {lines:,} messages, median of {repeats}",
+           ["pipeline", "messages", "construct s", "run s", "messages/s", "vs naive (x)",
+            "vs floor (x)"], rows)
+
+
+# ------------------------------------------------------------------------- streaming
+_FLOOR_MSGS_PARAM = beam.DoFn.StateParam(
+    userstate.BagStateSpec("msgs", coders.FastPrimitivesCoder()))
+_FLOOR_WAKE = userstate.TimerSpec("wake", TimeDomain.WATERMARK)
+_FLOOR_WAKE_PARAM = beam.DoFn.TimerParam(_FLOOR_WAKE)
+
+
+class _FloorStateFn(beam.DoFn):
+    """Appends each record to the join's bag and (re)sets one event-time timer 30 s later."""
+
+    def process(self, element: tuple[str, R.Record],
+                stamp: Any = beam.DoFn.TimestampParam,
+                msgs: Any = _FLOOR_MSGS_PARAM,
+                wake: Any = _FLOOR_WAKE_PARAM) -> Iterator[int]:
+        msgs.add(element[1])
+        wake.set(stamp + Duration(seconds=30))
+        return iter(())
+
+    @userstate.on_timer(_FLOOR_WAKE)
+    def on_wake(self, msgs: Any = _FLOOR_MSGS_PARAM) -> Iterator[int]:
+        count = sum(1 for _ in msgs.read())
+        msgs.clear()
+        yield count
+
+
+def _fanin_replay(path: str, out: str, defaults: JoinDefaults | None = None) -> beam.Pipeline:
+    config = _fanin_config(path, out, replay=True, defaults=defaults)
+    p = beam.Pipeline(options=_options(True))
+    build(p, config, _catalog(config.defaults))
+    return p
+
+
+def _floor_replay(path: str) -> beam.Pipeline:
+    catalog = _catalog()
+    p = beam.Pipeline(options=_options(True))
+    (p
+     | "Read" >> build_replay(list(numbered_lines(path)), 0.0, _horizon_ms(catalog))
+     | "Parse" >> ParseMessages(frozenset(catalog.contracts))).records \
+        | "State" >> beam.ParDo(_FloorStateFn()).with_input_types(tuple[str, tuple])
+    return p
+
+
+def part_stream(tmp: str, messages: int, repeats: int) -> None:
+    path, lines = _workload(tmp, messages)
+    runs: dict[str, list[tuple[float, float]]] = {"fanin": [], "floor": []}
+    for i in range(repeats):
+        runs["fanin"].append(_timed(functools.partial(
+            _fanin_replay, path, os.path.join(tmp, f"rf-{i}"))))
+        runs["floor"].append(_timed(functools.partial(_floor_replay, path)))
+    run = {k: _median([r for _, r in v]) for k, v in runs.items()}
+    rows = [[name, lines, _median([c for c, _ in runs[name]]), run[name], lines / run[name],
+             run["floor"] / run[name]] for name in runs]
+    _table(f"b. Streaming replay, BundleBasedDirectRunner, {lines:,} messages, "
+           f"median of {repeats}",
+           ["pipeline", "messages", "construct s", "run s", "messages/s", "vs floor (x)"], rows)
+
+
+def part_growth(tmp: str, messages: int, stream_messages: int, repeats: int) -> None:
+    rows = []
+    for label, small_n, big_n, run_one in (
+            ("bounded (FnApiRunner)", messages // 10, messages,
+             _fanin_bounded),
+            ("replay (BundleBasedDirectRunner)", stream_messages // 4, stream_messages,
+             lambda p, o: _timed(functools.partial(_fanin_replay, p, o)))):
+        small_path, small_lines = _workload(tmp, small_n, seed=2)
+        big_path, big_lines = _workload(tmp, big_n, seed=2)
+        small, big = [], []
+        for i in range(repeats):
+            small.append(run_one(small_path, os.path.join(tmp, f"gs-{i}"))[1])
+            big.append(run_one(big_path, os.path.join(tmp, f"gb-{i}"))[1])
+        rows.append([label, small_lines, _median(small), big_lines, _median(big),
+                     big_lines / small_lines, _median(big) / _median(small)])
+    _table(f"c. Growth of Fanin's run time, median of {repeats}",
+           ["plan", "small n", "small run s", "big n", "big run s", "size ratio",
+            "time ratio"], rows)
+
+
+# ------------------------------------------------------------------------- memory
+def _open_join_lines(joins: int, seed: int = 3) -> Iterator[str]:
+    """Per join: an open of 5 required branches and 2 ok receipts (one retried) - never complete."""
+    rnd = random.Random(seed)
+    t0 = 1_767_225_600_000
+    for j in range(joins):
+        join_id, t = f"open-{j:07d}", t0 + j * 10
+        yield json.dumps({"kind": "open", "join_id": join_id, "opened_at": format_ms(t),
+                          "run_id": "run-1", "message_id": f"m-{j}-0",
+                          "required": [f"part/{i:02d}" for i in range(5)], "deadline_s": 30})
+        for i in range(2):
+            yield json.dumps({"join_id": join_id, "branch": f"part/{i:02d}", "status": "ok",
+                              "event_time": format_ms(t + 1 + i), "key": f"k{i}",
+                              "value": {"score": rnd.random(), "n": i}, "run_id": "run-1",
+                              "message_id": f"m-{j}-{i + 1}", "attempt": 1 + (i == 1)})
+
+
+def _rss_mib() -> float:
+    """Peak RSS of this process so far (getrusage), MiB."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _current_rss_mib() -> float:
+    """Current RSS (/proc/self/statm), MiB."""
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def _memory(joins: int) -> dict[str, float]:
+    """Run in a fresh process: sizes of the streaming state and RSS of the reducers."""
+    from fanin.transforms.reducer import JoinReducer
+
+    catalog = _catalog()
+    coder = coders.FastPrimitivesCoder()
+    base, base_now = _rss_mib(), _current_rss_mib()
+    by_join: dict[str, list[R.Record]] = {}
+    source_path = "/data/traffic/sim-200000.jsonl"
+    for number, line in enumerate(_open_join_lines(joins), start=1):
+        record, dead = parse_message(line.encode(), {"kind": "file", "file": source_path,
+                                                     "line": number}, catalog.contracts)
+        assert record is not None, dead
+        by_join.setdefault(record[R.JOIN_ID], []).append(record)
+    after_records, records_now = _rss_mib(), _current_rss_mib()
+    pickled, encoded, lean = [], [], []
+    for recs in by_join.values():
+        meta = [random.getrandbits(62), len(recs), -(2**62), recs[0][R.TIME] + 30_000, None]
+        pickled.append(len(pickle.dumps((recs, meta), protocol=pickle.HIGHEST_PROTOCOL)))
+        encoded.append(sum(len(coder.encode(r)) for r in recs) + len(coder.encode(meta)))
+        lean.append(sum(len(coder.encode((*r[:R.RAW], None, None, *r[R.SOURCE + 1:])))
+                        for r in recs))
+    start = time.perf_counter()
+    reducers = []
+    for recs in by_join.values():
+        reducer = JoinReducer(catalog)
+        for record in recs:
+            reducer.add(record)
+        reducers.append(reducer)
+    fold_s = time.perf_counter() - start
+    after_reducers, reducers_now = _rss_mib(), _current_rss_mib()
+    assert not any(r.complete() for r in reducers)
+    return {"joins": len(by_join), "records": sum(len(v) for v in by_join.values()),
+            "pickled": statistics.mean(pickled), "encoded": statistics.mean(encoded),
+            "lean": statistics.mean(lean), "base": base, "after_records": after_records,
+            "after_reducers": after_reducers, "fold_s": fold_s, "base_now": base_now,
+            "records_now": records_now, "reducers_now": reducers_now}
+
+
+def part_memory(joins: int = 100_000) -> None:
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        m = pool.apply(_memory, (joins,))
+    per_reducer_kib = (m["reducers_now"] - m["records_now"]) * 1024 / m["joins"]
+    per_records_kib = (m["records_now"] - m["base_now"]) * 1024 / m["joins"]
+    rows = [
+        ["open joins (open + 2 receipts each)", int(m["joins"])],
+        ["pickle.dumps((bag records, meta)) bytes / join", m["pickled"]],
+        ["FastPrimitivesCoder bytes / join (records + meta)", m["encoded"]],
+        ["  of which without RAW text and SOURCE dict", m["lean"]],
+        ["state for all joins, MiB (coder)", m["encoded"] * m["joins"] / 2**20],
+        ["peak RSS (getrusage) before / with records / + reducers, MiB",
+         f"{m['base']:,.0f} / {m['after_records']:,.0f} / {m['after_reducers']:,.0f}"],
+        ["current RSS (statm) before / with records / + reducers, MiB",
+         f"{m['base_now']:,.0f} / {m['records_now']:,.0f} / {m['reducers_now']:,.0f}"],
+        ["RSS per join: parsed records (3), KiB", per_records_kib],
+        ["RSS per join: its JoinReducer, KiB", per_reducer_kib],
+        ["fold into reducers, joins/s", m["joins"] / m["fold_s"]],
+    ]
+    _table("d. Memory per open join (fresh process)", ["measure", "value"], rows)
+
+
+# ------------------------------------------------------------------------- trigger latency
+_J_MSGS = beam.DoFn.StateParam(JoinDoFn.MSGS)
+_J_META = beam.DoFn.StateParam(JoinDoFn.META)
+_J_DECIDE = beam.DoFn.TimerParam(JoinDoFn.DECIDE)
+_J_EXPIRE = beam.DoFn.TimerParam(JoinDoFn.EXPIRE)
+
+
+def _stamped(outputs: Iterator[Any]) -> Iterator[Any]:
+    """Pass the join's outputs through; note where the join was at each close it emits."""
+    for out in outputs:
+        if not isinstance(out, pvalue.TaggedOutput):
+            _STAMPS.append((out["contract"], out["reason"], parse_rfc3339(out["closed_at"]),
+                            _PROBE["lines"], _PROBE["max_seen"]))
+        yield out
+
+
+class ProbedJoinDoFn(JoinDoFn):
+    """``JoinDoFn`` that counts the records it has received (and their largest event time)
+    and stamps each close it emits with those two numbers (closes leave through ``_settle``,
+    from ``process`` and from the decide timer alike)."""
+
+    def process(self, element: tuple[str, R.Record], msgs: Any = _J_MSGS, meta: Any = _J_META,
+                decide_timer: Any = _J_DECIDE, expire_timer: Any = _J_EXPIRE
+                ) -> Iterator[Any]:
+        _PROBE["lines"] += 1
+        _PROBE["max_seen"] = max(_PROBE["max_seen"], element[1][R.TIME])
+        return super().process(element, msgs, meta, decide_timer, expire_timer)
+
+    def _settle(self, *args: Any) -> Iterator[Any]:
+        return _stamped(super()._settle(*args))
+
+
+def _probes() -> Any:
+    """This file as an importable module (pickled by reference: shared probe state)."""
+    return importlib.import_module(Path(__file__).stem)
+
+
+def _trigger_replay(path: str, out: str, trigger: str) -> beam.Pipeline:
+    """The replay pipeline of ``build`` (same composites), its join DoFn probed."""
+    catalog = _catalog(JoinDefaults(close_trigger=trigger))  # type: ignore[arg-type]
+    p = beam.Pipeline(options=_options(True))
+    raw = p | "Read" >> build_replay(list(numbered_lines(path)), 0.0, _horizon_ms(catalog))
+    parsed = raw | "Parse" >> ParseMessages(frozenset(catalog.contracts))
+    joined = parsed.records | "Join" >> beam.ParDo(
+        _probes().ProbedJoinDoFn(catalog, 100_000)).with_input_types(
+        tuple[str, tuple]).with_outputs(LATE, DEAD_LETTER, main=CLOSES)
+    outputs = {CLOSES: joined[CLOSES], LATE: joined[LATE],
+               DEAD_LETTER: (joined[DEAD_LETTER], parsed[DEAD_LETTER])
+               | "MergeDeadLetters" >> beam.Flatten()}
+    for kind, pcoll in outputs.items():
+        pcoll | f"Write/{kind}" >> WriteOutput(os.path.join(out, kind), kind, ("jsonl",), True)
+    return p
+
+
+def _quantile(values: list[int], q: float) -> float:
+    ordered = sorted(values)
+    return float(ordered[min(len(ordered) - 1, int(q * len(ordered)))]) if ordered else 0.0
+
+
+def part_trigger(tmp: str, messages: int, repeats: int) -> None:
+    path, lines = _workload(tmp, messages)
+    probes = _probes()
+    runs: dict[str, list[float]] = {"eager": [], "watermark": []}
+    lags: dict[str, dict[str, list[int]]] = {}
+    for i in range(repeats):
+        for trigger in runs:
+            probes._PROBE.update(lines=0, max_seen=-(2**62))
+            probes._STAMPS.clear()
+            runs[trigger].append(_timed(functools.partial(
+                _trigger_replay, path, os.path.join(tmp, f"t{trigger}-{i}"), trigger))[1])
+            by_reason: dict[str, list[int]] = {"complete": [], "deadline": []}
+            for contract, reason, closed_at, _, max_seen in probes._STAMPS:
+                if contract != "ensemble":  # the ensemble contract always uses watermark
+                    by_reason["complete" if reason == "complete" else "deadline"].append(
+                        max_seen - closed_at)
+            lags[trigger] = by_reason
+    rows = []
+    for trigger, times in runs.items():
+        run = _median(times)
+        rows.append([trigger, lines, run, lines / run, len(lags[trigger]["complete"]),
+                     _quantile(lags[trigger]["complete"], 0.5),
+                     _quantile(lags[trigger]["complete"], 0.95),
+                     len(lags[trigger]["deadline"]),
+                     _quantile(lags[trigger]["deadline"], 0.5),
+                     _quantile(lags[trigger]["deadline"], 0.95)])
+    _table(f"e. Close trigger, replay on BundleBasedDirectRunner, {lines:,} messages, "
+           f"run time median of {repeats}, latency from the last run (ms of event time)",
+           ["trigger", "messages", "run s", "messages/s", "complete closes", "lag p50",
+            "lag p95", "deadline closes", "lag p50", "lag p95"], rows)
+
+
+# ------------------------------------------------------------------------- main
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--messages", type=int, default=200_000,
+                        help="bounded workload size (growth: this and a tenth of it)")
+    parser.add_argument("--stream-messages", type=int, default=20_000,
+                        help="replay workload size (growth: this and a quarter of it)")
+    parser.add_argument("--open-joins", type=int, default=100_000)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--only", choices=PARTS, action="append",
+                        help="run only this part (repeatable)")
+    args = parser.parse_args(argv)
+    parts = args.only or list(PARTS)
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="fanin-bench-") as tmp:
+        if "memory" in parts:  # first: the child's peak RSS starts at the parent's (fork+exec)
+            part_memory(args.open_joins)
+        if "bounded" in parts:
+            part_bounded(tmp, args.messages, args.repeats)
+        if "stream" in parts:
+            part_stream(tmp, args.stream_messages, args.repeats)
+        if "growth" in parts:
+            part_growth(tmp, args.messages, args.stream_messages, args.repeats)
+        if "trigger" in parts:
+            part_trigger(tmp, args.stream_messages, args.repeats)
+    print(f"\n(total {time.perf_counter() - started:,.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
