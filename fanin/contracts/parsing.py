@@ -23,7 +23,12 @@ from fanin.contracts.jsonvalue import JSONRefused, canonical, encode_str, loads_
 from fanin.contracts.messages import OpenMessage, ReceiptMessage
 from fanin.contracts.timefmt import format_ms
 
-__all__ = ["DEFAULT_MAX_BYTES", "ERRORS", "dead_letter", "parse_message"]
+__all__ = ["DEFAULT_MAX_BYTES", "ERRORS", "Source", "dead_letter", "parse_message",
+           "source_object"]
+
+# Where a message came from: a dict (e.g. Pub/Sub's), or ``(path, line)`` for a file line,
+# kept compact because every record carries it through the shuffle.
+Source = dict[str, Any] | tuple[str, int]
 
 DEFAULT_MAX_BYTES = 256 * 1024
 
@@ -39,7 +44,15 @@ ERRORS = (
 )
 
 
-def dead_letter(error: str, detail: str, raw: str | bytes, source: dict[str, Any]
+def source_object(source: Source) -> dict[str, Any]:
+    """The ``source`` field of a dead letter: file lines become ``{kind, file, line}``."""
+    if isinstance(source, dict):
+        return source
+    path, line = source
+    return {"kind": "file", "file": path, "line": line}
+
+
+def dead_letter(error: str, detail: str, raw: str | bytes, source: Source
                 ) -> dict[str, Any]:
     """Build a dead-letter object; bytes that are not UTF-8 are kept exactly in ``raw_base64``."""
     line: dict[str, Any] = {"error": error, "detail": detail}
@@ -51,7 +64,7 @@ def dead_letter(error: str, detail: str, raw: str | bytes, source: dict[str, Any
             line["raw_base64"] = base64.b64encode(raw).decode("ascii")
     else:
         line["raw"] = raw
-    line["source"] = source
+    line["source"] = source_object(source)
     return line
 
 
@@ -75,7 +88,7 @@ def _sorted_names(names: list[str] | None) -> tuple[str, ...] | None:
     return None if names is None else tuple(sorted(set(names)))
 
 
-def _open_record(msg: OpenMessage, text: str, source: dict[str, Any]) -> R.Record:
+def _open_record(msg: OpenMessage, text: str, source: Source) -> R.Record:
     required = _sorted_names(msg.required)
     optional = _sorted_names(msg.optional)
     deadline_ms = None if msg.deadline_s is None else (
@@ -92,7 +105,7 @@ def _open_record(msg: OpenMessage, text: str, source: dict[str, Any]) -> R.Recor
             canon)
 
 
-def _receipt_record(msg: ReceiptMessage, text: str, source: dict[str, Any]) -> R.Record:
+def _receipt_record(msg: ReceiptMessage, text: str, source: Source) -> R.Record:
     key = msg.branch if msg.key is None else msg.key
     value_canon = canonical(msg.value)
     # == canonical([status, key, error]) + value_canon, built without the generic walk
@@ -103,7 +116,7 @@ def _receipt_record(msg: ReceiptMessage, text: str, source: dict[str, Any]) -> R
             msg.attempt or 1, msg.opened_at, content, value_canon)
 
 
-def parse_message(data: bytes | str, source: dict[str, Any], contracts: Container[str],
+def parse_message(data: bytes | str, source: Source, contracts: Container[str],
                   max_bytes: int = DEFAULT_MAX_BYTES
                   ) -> tuple[R.Record | None, dict[str, Any] | None]:
     """Validate one message. Returns ``(record, None)`` or ``(None, dead_letter)``."""

@@ -3,8 +3,9 @@
 Guarantees:
 - ``expand_inputs`` resolves globs with Beam's FileSystems (local paths, gs://, ...) and raises
   ``FileNotFoundError`` naming the pattern when it matches nothing.
-- ``numbered_lines`` yields ``(line_bytes, source)`` for every line of a file, in file order,
-  where ``source = {"kind": "file", "file": path, "line": n}`` (1-based). The trailing ``\\n``
+- ``numbered_lines`` yields ``(line_bytes, (path, n))`` for every line of a file, in file
+  order (``n`` 1-based); the compact source becomes ``{"kind": "file", "file": path,
+  "line": n}`` in a dead letter (``contracts.parsing.source_object``). The trailing ``\\n``
   (and a ``\\r`` before it) is removed; a line that is then empty is not a message and is
   skipped (NDJSON allows blank separators); every other line is yielded, valid or not.
 - ``ReadNumberedLines`` is the Beam composite for bounded runs.
@@ -13,14 +14,12 @@ Guarantees:
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any
-
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
 __all__ = ["ReadNumberedLines", "expand_inputs", "numbered_lines"]
 
-Source = dict[str, Any]
+Source = tuple[str, int]
 
 
 def expand_inputs(patterns: Sequence[str]) -> list[str]:
@@ -42,7 +41,7 @@ def numbered_lines(path: str) -> Iterator[tuple[bytes, Source]]:
                 if line.endswith(b"\r"):
                     line = line[:-1]
             if line:
-                yield line, {"kind": "file", "file": path, "line": number}
+                yield line, (path, number)
 
 
 class ReadNumberedLines(beam.PTransform):
