@@ -129,3 +129,41 @@ def test_contracts_file_errors_name_file_contract_and_field(tmp_path: object) ->
         assert str(info.value).startswith("c.yaml: ") and expected in str(info.value)
     with pytest.raises(ContractsError, match="cannot read"):
         load_contracts(str(tmp_path) + "/missing.yaml")
+
+
+def test_fast_and_general_time_paths_agree() -> None:
+    import random
+
+    from fanin.contracts import timefmt
+
+    rnd = random.Random(5)
+    for _ in range(3000):
+        ms = rnd.randrange(timefmt.MIN_MS, timefmt.MAX_MS)
+        for text in (timefmt.format_ms(ms), timefmt.format_ms(ms)[:19] + "Z"):
+            general = timefmt._RFC3339.match(text)
+            assert general is not None and timefmt._utc_fast(text) is not None
+            assert timefmt.parse_rfc3339(text) == timefmt.parse_rfc3339(text.replace("Z", "+00:00"))
+    for bad in ("2026-02-30T00:00:00Z", "2026-01-01T00:00:60Z", "2026-01-01T24:00:00.000Z",
+                "+026-01-01T00:00:00Z", "2026-01-01T0 :00:00Z", "0000-01-01T00:00:00Z"):
+        assert timefmt._utc_fast(bad) is None
+    assert parse_rfc3339("2016-12-31T23:59:60Z") == parse_rfc3339("2016-12-31T23:59:59.999Z")
+
+
+def test_the_receipt_fast_path_matches_pydantic_on_valid_receipts() -> None:
+    from fanin.contracts import parsing
+    from fanin.contracts.messages import ReceiptMessage
+
+    samples = [OK, {**OK, "key": "k", "value": {"a": [1, 2.5]}, "attempt": 3, "run_id": "r",
+                    "message_id": "m", "contract": "triage", "error": None,
+                    "opened_at": "2025-12-31T23:59:59.5+01:00", "extra": 1},
+               {**OK, "status": "skipped", "event_time": "2026-01-01T00:00:00.123456Z"},
+               {**OK, "join_id": "é" * 256}]
+    for obj in samples:
+        text = json.dumps(obj)
+        fast = parsing._fast_receipt(obj, text, SRC)
+        assert fast is not None
+        assert fast == parsing._receipt_record(ReceiptMessage.model_validate(obj), text, SRC)
+    for bad in ({**OK, "attempt": True}, {**OK, "join_id": "é" * 257}, {**OK, "key": 1},
+                {**OK, "status": ["ok"]}, {**OK, "event_time": "2026-01-01"},
+                {**OK, "contract": ""}, {**OK, "branch": ""}):
+        assert parsing._fast_receipt(bad, json.dumps(bad), SRC) is None

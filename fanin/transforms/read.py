@@ -14,6 +14,7 @@ Guarantees:
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
