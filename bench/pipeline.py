@@ -64,7 +64,7 @@ from fanin.contracts.catalog import Catalog, JoinDefaults, load_contracts
 from fanin.contracts.parsing import parse_message
 from fanin.contracts.timefmt import format_ms, parse_rfc3339
 from fanin.fleet.simulate import CONTRACTS_PATH, write_simulation
-from fanin.pipelines.pipeline import RunConfig, build, run_pipeline
+from fanin.pipelines.pipeline import RunConfig, build, replay_horizon_ms, run_pipeline
 from fanin.transforms.join import JoinDoFn
 from fanin.transforms.outcomes import CLOSES, DEAD_LETTER, LATE
 from fanin.transforms.parse import ParseMessages
@@ -115,15 +115,6 @@ def _workload(folder: str, messages: int, seed: int = 1) -> tuple[str, int]:
 
 def _catalog(defaults: JoinDefaults | None = None) -> Catalog:
     return Catalog(load_contracts(CONTRACTS_PATH), defaults or JoinDefaults())
-
-
-def _horizon_ms(catalog: Catalog) -> int:
-    """Deadline + retention room after the last event, as ``fanin run --replay`` uses."""
-    deadlines = [catalog.defaults.deadline_s] + [
-        c.deadline_s for c in catalog.contracts.values() if c.deadline_s]
-    retentions = [catalog.defaults.retention_s] + [
-        c.retention_s for c in catalog.contracts.values() if c.retention_s is not None]
-    return int((max(deadlines) + max(retentions)) * 1000) + 1
 
 
 def _timed(construct: Callable[[], beam.Pipeline]) -> tuple[float, float]:
@@ -263,7 +254,7 @@ def _floor_replay(path: str) -> beam.Pipeline:
     catalog = _catalog()
     p = beam.Pipeline(options=_options(True))
     (p
-     | "Read" >> build_replay(list(numbered_lines(path)), 0.0, _horizon_ms(catalog))
+     | "Read" >> build_replay(list(numbered_lines(path)), 0.0, replay_horizon_ms(catalog))
      | "Parse" >> ParseMessages(frozenset(catalog.contracts))).records \
         | "State" >> beam.ParDo(_FloorStateFn()).with_input_types(tuple[str, tuple])
     return p
@@ -434,7 +425,7 @@ def _trigger_replay(path: str, out: str, trigger: str) -> beam.Pipeline:
     """The replay pipeline of ``build`` (same composites), its join DoFn probed."""
     catalog = _catalog(JoinDefaults(close_trigger=trigger))  # type: ignore[arg-type]
     p = beam.Pipeline(options=_options(True))
-    raw = p | "Read" >> build_replay(list(numbered_lines(path)), 0.0, _horizon_ms(catalog))
+    raw = p | "Read" >> build_replay(list(numbered_lines(path)), 0.0, replay_horizon_ms(catalog))
     parsed = raw | "Parse" >> ParseMessages(frozenset(catalog.contracts))
     joined = parsed.records | "Join" >> beam.ParDo(
         _probes().ProbedJoinDoFn(catalog, 100_000)).with_input_types(

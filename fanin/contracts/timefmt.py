@@ -137,12 +137,21 @@ def parse_rfc3339(text: str) -> int:
     return value
 
 
+_DATES: dict[int, str] = {}  # days since the epoch -> "YYYY-MM-DD"
+
+
 def format_ms(ms: int) -> str:
     """Render epoch milliseconds as RFC 3339 UTC with milliseconds; clamps to years 0001-9999."""
     ms = min(max(ms, MIN_MS), MAX_MS)
     days, rem = divmod(ms, _MS_PER_DAY)
-    year, month, day = _civil_from_days(days)
+    date = _DATES.get(days)
+    if date is None:
+        year, month, day = _civil_from_days(days)
+        date = f"{year:04d}-{month:02d}-{day:02d}"
+        if len(_DATES) > 100_000:
+            _DATES.clear()
+        _DATES[days] = date
     secs, millis = divmod(rem, 1000)
     hour, secs = divmod(secs, 3600)
     minute, second = divmod(secs, 60)
-    return f"{year:04d}-{month:02d}-{day:02d}T{hour:02d}:{minute:02d}:{second:02d}.{millis:03d}Z"
+    return f"{date}T{hour:02d}:{minute:02d}:{second:02d}.{millis:03d}Z"

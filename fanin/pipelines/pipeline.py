@@ -31,7 +31,7 @@ from fanin.transforms.replay import build_replay
 from fanin.transforms.write import FORMATS, WriteOutput
 
 __all__ = ["ConfigError", "RunConfig", "build", "catalog_for", "choose_runner",
-           "configure_options", "run_pipeline"]
+           "configure_options", "replay_horizon_ms", "run_pipeline"]
 
 _LOG = logging.getLogger("fanin")
 
@@ -105,7 +105,8 @@ def catalog_for(config: RunConfig) -> Catalog:
     return Catalog(contracts, config.defaults)
 
 
-def _horizon_ms(catalog: Catalog) -> int:
+def replay_horizon_ms(catalog: Catalog) -> int:
+    """Room after the last event for every deadline and tombstone (the replay's last advance)."""
     deadlines = [catalog.defaults.deadline_s] + [
         c.deadline_s for c in catalog.contracts.values() if c.deadline_s]
     retentions = [catalog.defaults.retention_s] + [
@@ -118,7 +119,7 @@ def build(p: beam.Pipeline, config: RunConfig, catalog: Catalog) -> dict[str, be
     if config.replay:
         paths = expand_inputs(config.inputs)
         lines = [item for path in paths for item in numbered_lines(path)]
-        raw = p | "Read" >> build_replay(lines, config.max_disorder_s, _horizon_ms(catalog))
+        raw = p | "Read" >> build_replay(lines, config.max_disorder_s, replay_horizon_ms(catalog))
     elif config.inputs:
         raw = p | "Read" >> ReadNumberedLines(expand_inputs(config.inputs))
     else:

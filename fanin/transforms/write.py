@@ -22,6 +22,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import apache_beam as beam
+import orjson
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.transforms import trigger, window
 from apache_beam.utils.timestamp import Duration
@@ -76,6 +77,16 @@ class _WriteFiles(beam.DoFn):
         yield from written
 
 
+def _encode(obj: dict[str, Any], shards: int) -> tuple[int, str]:
+    """(shard by join_id, compact JSON line). orjson, or the standard encoder for what orjson
+    refuses (integers beyond 64 bits); both give the same compact UTF-8 JSON."""
+    shard = zlib.crc32((obj.get("join_id") or "").encode()) % shards
+    try:
+        return shard, orjson.dumps(obj).decode()
+    except TypeError:
+        return shard, json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+
+
 class WriteOutput(beam.PTransform):
     """Dicts -> files in ``folder``; outputs the paths written."""
 
@@ -99,13 +110,9 @@ class WriteOutput(beam.PTransform):
                 trigger=trigger.AfterWatermark(late=trigger.AfterCount(1)),
                 accumulation_mode=trigger.AccumulationMode.DISCARDING,
                 allowed_lateness=Duration(seconds=self._lateness))
-        shards = self._shards
         return (
             pcoll
-            | "Encode" >> beam.Map(
-                lambda obj: (zlib.crc32((obj.get("join_id") or "").encode()) % shards,
-                             json.dumps(obj, separators=(",", ":"), ensure_ascii=False))
-            ).with_output_types(tuple[int, str])
+            | "Encode" >> beam.Map(_encode, self._shards).with_output_types(tuple[int, str])
             | "GroupShards" >> beam.GroupByKey()
             | "WriteFiles" >> beam.ParDo(_WriteFiles(self._folder, self._kind, self._formats))
         )
