@@ -138,6 +138,7 @@ def parse_rfc3339(text: str) -> int:
 
 
 _DATES: dict[int, str] = {}  # days since the epoch -> "YYYY-MM-DD"
+_CLOCKS: dict[int, str] = {}  # second of the day -> "hh:mm:ss" (at most 86,400 entries)
 
 
 def format_ms(ms: int) -> str:
@@ -152,6 +153,7 @@ def format_ms(ms: int) -> str:
             _DATES.clear()
         _DATES[days] = date
     secs, millis = divmod(rem, 1000)
-    hour, secs = divmod(secs, 3600)
-    minute, second = divmod(secs, 60)
-    return f"{date}T{hour:02d}:{minute:02d}:{second:02d}.{millis:03d}Z"
+    clock = _CLOCKS.get(secs)
+    if clock is None:
+        clock = _CLOCKS[secs] = f"{secs // 3600:02d}:{secs // 60 % 60:02d}:{secs % 60:02d}"
+    return f"{date}T{clock}.{millis:03d}Z"

@@ -15,6 +15,7 @@ Metrics (namespace ``fanin``): ``closes.<reason>``, ``late.<reason>``,
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 from collections import OrderedDict
@@ -56,22 +57,27 @@ _NO_HORIZON = -(2**62)  # nothing is known to be complete before the first timer
 
 _PROGRESS_EVERY = 10_000
 _closed_here = 0  # closes emitted by this worker process, for the progress line
+_LATENCY = Metrics.distribution("fanin", "close.latency_ms")
+
+
+@functools.lru_cache(maxsize=256)
+def _counter(name: str) -> Any:
+    return Metrics.counter("fanin", name)
 
 
 def _emit(outputs: Iterable[tuple[str, dict[str, Any]]]) -> Iterator[Any]:
     global _closed_here
     for tag, obj in outputs:
         if tag == CLOSES:
-            Metrics.counter("fanin", f"closes.{obj['reason']}").inc()
-            Metrics.distribution("fanin", "close.latency_ms").update(obj["latency_ms"])
+            _counter(f"closes.{obj['reason']}").inc()
+            _LATENCY.update(obj["latency_ms"])
             log_close(obj)
             _closed_here += 1
             if _closed_here % _PROGRESS_EVERY == 0:
                 _LOG.info("fanin: %d joins closed by this worker", _closed_here)
             yield obj
         else:
-            key = obj["reason"] if tag == LATE else obj["error"]
-            Metrics.counter("fanin", f"{tag}.{key}").inc()
+            _counter(f"{tag}.{obj['reason'] if tag == LATE else obj['error']}").inc()
             yield pvalue.TaggedOutput(tag, obj)
 
 

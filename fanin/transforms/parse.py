@@ -33,6 +33,7 @@ class _ParseFn(beam.DoFn):
         self._max_bytes = max_bytes
         self._parsed = Metrics.counter("fanin", "messages.parsed")
         self._seen = 0
+        self._bundle_parsed = 0
 
     def process(self, element: tuple[bytes | str, dict[str, Any]]) -> Iterator[Any]:
         data, source = element
@@ -41,12 +42,18 @@ class _ParseFn(beam.DoFn):
             _LOG.info("fanin: %d messages read by this worker", self._seen)
         record, dead = parse_message(data, source, self._contracts, self._max_bytes)
         if record is not None:
-            self._parsed.inc()
+            self._bundle_parsed += 1
             yield record[R.JOIN_ID], record
         else:
             assert dead is not None
             Metrics.counter("fanin", f"dead_letter.{dead['error']}").inc()
             yield pvalue.TaggedOutput(DEAD_LETTER, dead)
+
+    def start_bundle(self) -> None:
+        self._bundle_parsed = 0
+
+    def finish_bundle(self) -> None:
+        self._parsed.inc(self._bundle_parsed)  # one metric update per bundle
 
 
 class ParseMessages(beam.PTransform):

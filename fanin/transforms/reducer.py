@@ -472,21 +472,23 @@ class JoinReducer:
         conflicts: list[dict[str, Any]] = []
         missing, failed = [], []
         writers: dict[str, list[tuple[str, str, Any]]] = {}
+        role = defn.role
         for name, branch in self.branches.items():
-            cand = _candidates(branch)
-            keys = sorted(r[R.R_KEY] for r in cand.values())
-            if not (name in required or name in optional):
-                conflicts.append({"kind": "unknown_branch", "branch": name, "key": keys[0]})
+            if type(branch) is tuple:  # one receipt: the common case
+                record, content, several = branch, branch[R.R_CONTENT], False
+            else:
+                several = len(branch.cand) > 1
+                content, record = next(iter(branch.cand.items()))
+            if name not in role or name in pruned or several:
+                kind = "unknown_branch" if name not in role else \
+                    "pruned_branch_reported" if name in pruned else "duplicate_changed"
+                cand = _candidates(branch)
+                entry = {"kind": kind, "branch": name,
+                         "key": min(r[R.R_KEY] for r in cand.values())}
+                if kind == "duplicate_changed":
+                    entry["attempt"] = record[R.R_ATTEMPT]
+                conflicts.append(entry)
                 continue
-            if name in pruned:
-                conflicts.append({"kind": "pruned_branch_reported", "branch": name,
-                                  "key": keys[0]})
-                continue
-            if len(cand) > 1:
-                conflicts.append({"kind": "duplicate_changed", "branch": name, "key": keys[0],
-                                  "attempt": next(iter(cand.values()))[R.R_ATTEMPT]})
-                continue
-            (content, record), = cand.items()
             branches_out[name] = _receipt_view(record)
             if record[R.R_STATUS] == "ok":
                 validator = defn.validators.get(record[R.R_KEY])
@@ -505,15 +507,15 @@ class JoinReducer:
         values: dict[str, Any] = {}
         conflicted_branches = {c["branch"] for c in conflicts}
         for key, entries in writers.items():
-            if len({canon for _, canon, _ in entries}) > 1:
+            if len(entries) > 1 and len({canon for _, canon, _ in entries}) > 1:
                 for name, _, value in entries:
                     conflicts.append({"kind": "key_conflict", "branch": name, "key": key,
                                       "value": value})
             else:
-                clean = [value for name, _, value in sorted(entries)
+                clean = [(name, value) for name, _, value in entries
                          if name not in conflicted_branches]
-                if clean:
-                    values[key] = clean[0]
+                if clean:  # JSON-equal values: the least branch's spelling (1 or 1.0)
+                    values[key] = min(clean, key=lambda item: item[0])[1]
         if len(self.opens) > 1:
             conflicts.append({"kind": "open_conflict", "branch": None, "key": None,
                               "count": len(self.opens)})
@@ -526,7 +528,8 @@ class JoinReducer:
                 missing.append(name)
             elif view["status"] in ("error", "timeout"):
                 failed.append(name)
-        conflicts.sort(key=lambda c: (c["kind"], c["branch"] or "", c["key"] or ""))
+        if len(conflicts) > 1:
+            conflicts.sort(key=lambda c: (c["kind"], c["branch"] or "", c["key"] or ""))
         opened = self.opened_at()
         assert opened is not None
         deadline = opened + defn.deadline_ms
