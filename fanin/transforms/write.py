@@ -113,7 +113,6 @@ class WriteOutput(beam.PTransform):
         return (
             pcoll
             | "Encode" >> beam.Map(_encode, self._shards).with_output_types(tuple[int, str])
-            # a combine, not a GroupByKey: lines are pre-collected per bundle before the shuffle
-            | "GroupShards" >> beam.CombinePerKey(beam.combiners.ToListCombineFn())
+            | "GroupShards" >> beam.GroupByKey()
             | "WriteFiles" >> beam.ParDo(_WriteFiles(self._folder, self._kind, self._formats))
         )
