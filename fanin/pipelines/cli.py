@@ -48,6 +48,9 @@ def _add_run(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--overwrite", action="store_true",
                      help="replace the outputs of an earlier run in DIR")
     run.add_argument("--contracts", metavar="FILE", help="YAML contracts file")
+    run.add_argument("--bigquery-dataset", metavar="PROJECT:DATASET",
+                     help="also write closes, late and dead_letter to tables of this dataset "
+                     "(schemas in fanin/analysis/bigquery/)")
     for kind in ("closes", "late", "dead-letter"):
         run.add_argument(f"--{kind}-topic", metavar="TOPIC",
                          help=f"also publish {kind.replace('-', ' ')} lines to this Pub/Sub "
@@ -89,7 +92,8 @@ def _run(args: argparse.Namespace, beam_args: Sequence[str]) -> int:
             max_disorder_s=args.max_disorder_s, max_bytes=args.max_bytes,
             max_messages_per_join=args.max_messages_per_join, window_s=args.window_s,
             shards=args.shards, subscription=args.subscription, topic=args.topic,
-            overwrite=args.overwrite, id_label=args.id_label, topics={
+            overwrite=args.overwrite, id_label=args.id_label,
+            bigquery_dataset=args.bigquery_dataset, topics={
                 kind: topic for kind, topic in (("closes", args.closes_topic),
                                                 ("late", args.late_topic),
                                                 ("dead_letter", args.dead_letter_topic))

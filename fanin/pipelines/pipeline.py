@@ -59,6 +59,7 @@ class RunConfig:
     topic: str | None = None
     overwrite: bool = False
     id_label: str | None = None  # Pub/Sub attribute Dataflow deduplicates by (Dataflow only)
+    bigquery_dataset: str | None = None  # also write each output to <dataset>.<kind>
     # optional Pub/Sub topics the outputs are also published to (kind -> topic)
     topics: dict[str, str] = field(default_factory=dict)
 
@@ -142,6 +143,11 @@ def build(p: beam.Pipeline, config: RunConfig, catalog: Catalog) -> dict[str, be
             from fanin.io.pubsub import PublishJson
 
             pcoll | f"Publish/{kind}" >> PublishJson(config.topics[kind])
+        if config.bigquery_dataset:
+            from fanin.io.bigquery import WriteOutputTable
+
+            pcoll | f"BigQuery/{kind}" >> WriteOutputTable(config.bigquery_dataset, kind,
+                                                           config.streaming)
     return outputs
 
 
