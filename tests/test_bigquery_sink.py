@@ -47,3 +47,17 @@ def test_dataset_names_are_checked() -> None:
     for bad in ("", "my proj:x", "proj:data-set", "a:b:c"):
         with pytest.raises(ValueError):
             WriteOutputTable(bad, "closes", False)
+
+
+def test_dataflow_dry_run_with_the_bigquery_sink_finds_no_problem(tmp_path: Path) -> None:
+    from fanin.runners import dry_run
+
+    config = RunConfig(output=str(tmp_path / "out"), inputs=[str(EXAMPLE)],
+                       contracts_path=CONTRACTS_PATH, bigquery_dataset="my-proj:fanin")
+    report = dry_run(config, ["--runner=DataflowRunner", "--project=my-proj",
+                              "--region=us-central1", "--temp_location=gs://my-bucket/tmp",
+                              "--sdk_container_image=apache/beam_python3.11_sdk:2.77.0"],
+                     str(tmp_path / "job.json"))
+    assert report.problems == ()
+    assert {"BigQuery/closes", "BigQuery/late", "BigQuery/dead_letter"} <= \
+        set(report.transform_names)

@@ -122,6 +122,17 @@ def stable_names(proto: beam_runner_api_pb2.Pipeline) -> list[str]:
     return sorted(names)
 
 
+def _inside_beam_io(node: AppliedPTransform) -> bool:
+    """Whether ``node`` is inside one of Beam's IO connectors (e.g. WriteToBigQuery's internal
+    GroupByKeys): those keys are Beam's to choose; Fanin checks its own."""
+    parent = node.parent
+    while parent is not None and parent.transform is not None:
+        if type(parent.transform).__module__.startswith("apache_beam.io."):
+            return True
+        parent = parent.parent
+    return False
+
+
 class _Checks(PipelineVisitor):
     """Pickles every transform's ``fn``; checks the key coders of keyed inputs."""
 
@@ -139,7 +150,8 @@ class _Checks(PipelineVisitor):
         transform = node.transform
         stateful = (isinstance(transform, beam.ParDo)
                     and userstate.is_stateful_dofn(transform.fn))
-        if stateful or isinstance(transform, beam.GroupByKey):
+        if (stateful or isinstance(transform, beam.GroupByKey)) and \
+                not _inside_beam_io(node):
             self._key_coder(node)
 
     def _pickle(self, node: AppliedPTransform) -> None:
