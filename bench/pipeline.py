@@ -65,7 +65,7 @@ from fanin.contracts.parsing import parse_message
 from fanin.contracts.timefmt import format_ms, parse_rfc3339
 from fanin.fleet.simulate import CONTRACTS_PATH, write_simulation
 from fanin.pipelines.pipeline import RunConfig, build, replay_horizon_ms, run_pipeline
-from fanin.transforms.join import JoinDoFn
+from fanin.transforms.join import JoinDoFn, JoinRecords
 from fanin.transforms.outcomes import CLOSES, DEAD_LETTER, LATE
 from fanin.transforms.parse import ParseMessages
 from fanin.transforms.read import numbered_lines
@@ -260,12 +260,25 @@ def _floor_replay(path: str) -> beam.Pipeline:
     return p
 
 
+def _fanin_join_replay(path: str) -> beam.Pipeline:
+    """Fanin's stateful join alone: the same read and parse as the floor, then ``JoinRecords``
+    (its closes, late and dead letters are computed and dropped, like the floor's output)."""
+    catalog = _catalog()
+    p = beam.Pipeline(options=_options(True))
+    (p
+     | "Read" >> build_replay(list(numbered_lines(path)), 0.0, replay_horizon_ms(catalog))
+     | "Parse" >> ParseMessages(frozenset(catalog.contracts))).records \
+        | "Join" >> JoinRecords(catalog, streaming=True)
+    return p
+
+
 def part_stream(tmp: str, messages: int, repeats: int) -> None:
     path, lines = _workload(tmp, messages)
-    runs: dict[str, list[tuple[float, float]]] = {"fanin": [], "floor": []}
+    runs: dict[str, list[tuple[float, float]]] = {"fanin": [], "fanin join": [], "floor": []}
     for i in range(repeats):
         runs["fanin"].append(_timed(functools.partial(
             _fanin_replay, path, os.path.join(tmp, f"rf-{i}"))))
+        runs["fanin join"].append(_timed(functools.partial(_fanin_join_replay, path)))
         runs["floor"].append(_timed(functools.partial(_floor_replay, path)))
     run = {k: _median([r for _, r in v]) for k, v in runs.items()}
     rows = [[name, lines, _median([c for c, _ in runs[name]]), run[name], lines / run[name],
