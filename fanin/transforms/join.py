@@ -153,12 +153,9 @@ class JoinDoFn(beam.DoFn):
         decide_timer.clear()
         expire_timer.clear()
 
-    def _reducer(self, join_id: str, epoch: int, count: int, records: list[R.Record]
+    def _rebuild(self, join_id: str, epoch: int, count: int, records: list[R.Record]
                  ) -> JoinReducer:
-        cached = self._cache.get(join_id)
-        if cached is not None and cached[0] == epoch and cached[1] == count:
-            self._cache.move_to_end(join_id)
-            return cached[2]
+        """A cache miss: fold the bag's records into a fresh reducer and remember it."""
         reducer = JoinReducer(self._catalog)
         for record in records:
             reducer.add(record)
@@ -251,7 +248,7 @@ class JoinDoFn(beam.DoFn):
             records: list[R.Record] | None = None
         else:
             records = list(msgs.read())
-            reducer = self._reducer(join_id, epoch, count + 1, records)
+            reducer = self._rebuild(join_id, epoch, count + 1, records)
         value = [epoch, count + 1, horizon, wake, None]
         meta.write(value)
         if record[R.TIME] <= horizon or (reducer.closable() and self._decide_now(
