@@ -32,6 +32,31 @@ from typing import Any
 
 from fanin.contracts import records as R
 from fanin.contracts.catalog import Catalog, Definition
+from fanin.contracts.records import (
+    CONTRACT,
+    JOIN_ID,
+    KIND,
+    MESSAGE_ID,
+    O_ALLOW_PARTIAL,
+    O_CANON,
+    O_DEADLINE_MS,
+    O_FAIL_FAST,
+    O_OPTIONAL,
+    O_REQUIRED,
+    OPEN,
+    R_ATTEMPT,
+    R_BRANCH,
+    R_CONTENT,
+    R_ERROR,
+    R_KEY,
+    R_OPENED_AT,
+    R_STATUS,
+    R_VALUE,
+    R_VALUE_CANON,
+    RAW,
+    RUN_ID,
+    TIME,
+)
 from fanin.contracts.timefmt import format_ms
 
 __all__ = ["JoinReducer"]
@@ -47,8 +72,8 @@ _NO_SET: frozenset[str] = frozenset()
 
 def _earlier(a: R.Record, b: R.Record) -> bool:
     """Deterministic "first" among records of identical content."""
-    return (a[R.TIME], a[R.MESSAGE_ID] or "", a[R.RUN_ID] or "", a[R.RAW]) < \
-        (b[R.TIME], b[R.MESSAGE_ID] or "", b[R.RUN_ID] or "", b[R.RAW])
+    return (a[TIME], a[MESSAGE_ID] or "", a[RUN_ID] or "", a[RAW]) < \
+        (b[TIME], b[MESSAGE_ID] or "", b[RUN_ID] or "", b[RAW])
 
 
 def _keep_first(mapping: dict[str, R.Record], key: str, record: R.Record) -> bool:
@@ -121,8 +146,8 @@ class JoinReducer:
 
     def contract(self) -> str | None:
         first = self._first
-        if first is not None and first[R.CONTRACT] is not None:
-            return first[R.CONTRACT]
+        if first is not None and first[CONTRACT] is not None:
+            return first[CONTRACT]
         return min(self.contract_names) if self.contract_names else None
 
     def _resolve(self) -> Definition:
@@ -130,9 +155,9 @@ class JoinReducer:
         contract = self.contract()
         if first is None:
             return self.catalog.definition(contract, None, None, None, None, None)
-        return self.catalog.definition(contract, first[R.O_REQUIRED], first[R.O_OPTIONAL],
-                                       first[R.O_DEADLINE_MS], first[R.O_ALLOW_PARTIAL],
-                                       first[R.O_FAIL_FAST])
+        return self.catalog.definition(contract, first[O_REQUIRED], first[O_OPTIONAL],
+                                       first[O_DEADLINE_MS], first[O_ALLOW_PARTIAL],
+                                       first[O_FAIL_FAST])
 
     def _redefine(self) -> None:
         defn = self._resolve()
@@ -173,10 +198,10 @@ class JoinReducer:
             return old
         entry = self.branches.get(name)
         defn = self._defn
-        if type(entry) is tuple and defn is not None and entry[R.R_STATUS] == "ok" and \
+        if type(entry) is tuple and defn is not None and entry[R_STATUS] == "ok" and \
                 not defn.validators and defn.role.get(name) is not None and \
                 name not in self._pruned:
-            return (0, 0, 0, (entry[R.R_KEY], entry[R.R_VALUE_CANON]))
+            return (0, 0, 0, (entry[R_KEY], entry[R_VALUE_CANON]))
         return self._baseline(name)
 
     def _set_contrib(self, name: str, new: tuple[int, int, int, Any],
@@ -243,12 +268,12 @@ class JoinReducer:
         if len(cand) > 1:
             return (required, required, 1, None)
         for content, record in cand.items():
-            if record[R.R_STATUS] != "ok":
+            if record[R_STATUS] != "ok":
                 return (required, 0, 0, None)
-            validator = defn.validators.get(record[R.R_KEY]) if defn.validators else None
+            validator = defn.validators.get(record[R_KEY]) if defn.validators else None
             bad = 1 if validator is not None and \
                 self._violation(branch, content, record, validator) else 0
-            return (0, 0, bad, (record[R.R_KEY], record[R.R_VALUE_CANON]))
+            return (0, 0, bad, (record[R_KEY], record[R_VALUE_CANON]))
         raise AssertionError("a branch always has a candidate")
 
     @staticmethod
@@ -258,7 +283,7 @@ class JoinReducer:
         if type(branch) is _Branch and branch.schema is not None and \
                 branch.schema[0] == content:
             return branch.schema[1]
-        error = next(iter(validator.iter_errors(record[R.R_VALUE])), None)
+        error = next(iter(validator.iter_errors(record[R_VALUE])), None)
         problem = None if error is None else error.message[:500]
         if type(branch) is _Branch:
             branch.schema = (content, problem)
@@ -295,48 +320,87 @@ class JoinReducer:
     def add(self, record: R.Record) -> None:
         """Fold one validated record into the join (any order)."""
         self.messages += 1
-        t = record[R.TIME]
-        if self.min_event is None or t < self.min_event:
+        t = record[TIME]
+        min_event = self.min_event
+        if min_event is None or t < min_event:
             self.min_event = t
-        contract = record[R.CONTRACT]
-        redefine = False
-        if contract is not None:
-            count = self.contract_names.get(contract, 0)
-            if self.contract_names is _NO_MAP:
-                self.contract_names = {}
-            self.contract_names[contract] = count + 1
-            redefine = count == 0
-        if record[R.KIND] == R.OPEN:
-            canon = record[R.O_CANON]
-            seen = self.opens.get(canon)
-            if seen is None:
-                self.opens[canon] = record
-                first = self._first
-                if first is None or (t, canon) < (first[R.TIME], first[R.O_CANON]):
-                    self._first = record
-                redefine = True
-            else:
-                self.dup_other += 1
-                if _earlier(record, seen):
-                    self.opens[canon] = record
-                    if self._first is seen:
-                        self._first = record
-            if redefine:
-                self._redefine()
+        contract = record[CONTRACT]
+        redefine = contract is not None and self._note_contract(contract)
+        if record[KIND] == OPEN:
+            self._add_open(record, t, redefine)
             return
-        opened = record[R.R_OPENED_AT]
+        opened = record[R_OPENED_AT]
         if opened is not None and (self.min_receipt_opened is None or
                                    opened < self.min_receipt_opened):
             self.min_receipt_opened = opened
         if redefine:
             self._redefine()
-        if record[R.R_STATUS] == "skipped":
+        status = record[R_STATUS]
+        if status == "skipped":
             self._add_skip(record)
+            return
+        name = record[R_BRANCH]
+        branches = self.branches
+        branch = branches.get(name)
+        if branch is not None:
+            self._add_receipt(record, name, branch)
+            return
+        # the first receipt of a branch: the most common message of all
+        branches[name] = record
+        defn = self._defn
+        if defn is None or defn.required is None:
+            return
+        role = defn.role.get(name)
+        if role is None or status != "ok" or defn.validators or name in self._pruned:
+            self._set_contrib(name, self._contribution(name, record), self._baseline(name))
+            return
+        # ok, declared, unpruned, no schemas: the contribution stays implicit (see _old)
+        if role:
+            self._n_missing -= 1
+            self._n_unreported -= 1
+        key = record[R_KEY]
+        if key in self._keys:
+            self._key_entry((key, record[R_VALUE_CANON]), 1)
+        else:  # the first writer of the key (what _key_entry does, without the call)
+            self._keys[key] = record[R_VALUE_CANON]
+
+    def _note_contract(self, contract: str) -> bool:
+        """Count a contract name; True when it is new (the definition may change)."""
+        count = self.contract_names.get(contract, 0)
+        if self.contract_names is _NO_MAP:
+            self.contract_names = {}
+        self.contract_names[contract] = count + 1
+        return count == 0
+
+    def _add_open(self, record: R.Record, t: int, redefine: bool) -> None:
+        if self._first is None and self._defn is None and not self.branches and \
+                self.skips is _NO_MAP:
+            # a fresh join's open (the usual first message): define it without the general path
+            self.opens[record[O_CANON]] = record
+            self._first = record
+            defn = self._defn = self._resolve()
+            if defn.required is not None:
+                self._n_missing = self._n_unreported = len(defn.required)
+            return
+        canon = record[O_CANON]
+        seen = self.opens.get(canon)
+        if seen is None:
+            self.opens[canon] = record
+            first = self._first
+            if first is None or (t, canon) < (first[TIME], first[O_CANON]):
+                self._first = record
+            redefine = True
         else:
-            self._add_receipt(record)
+            self.dup_other += 1
+            if _earlier(record, seen):
+                self.opens[canon] = record
+                if self._first is seen:
+                    self._first = record
+        if redefine:
+            self._redefine()
 
     def _add_skip(self, record: R.Record) -> None:
-        path = record[R.R_BRANCH]
+        path = record[R_BRANCH]
         if self.skips is _NO_MAP:
             self.skips = {}
         if not _keep_first(self.skips, path, record):
@@ -346,38 +410,22 @@ class JoinReducer:
         if defn is not None and defn.required is not None:
             self._apply_skip(path)
 
-    def _add_receipt(self, record: R.Record) -> None:
-        name = record[R.R_BRANCH]
-        attempt = record[R.R_ATTEMPT]
-        content = record[R.R_CONTENT]
+    def _add_receipt(self, record: R.Record, name: str, branch: _Branch | R.Record) -> None:
+        """A further receipt of a branch that has one already."""
+        attempt = record[R_ATTEMPT]
+        content = record[R_CONTENT]
         branches = self.branches
-        branch = branches.get(name)
         defn = self._defn
         defined = defn is not None and defn.required is not None
-        if branch is None:
-            branches[name] = record
-            if not defined:
+        if type(branch) is tuple:
+            if attempt == branch[R_ATTEMPT] and content == branch[R_CONTENT]:
+                self.duplicates += 1  # a redelivery: nothing else changes
+                if _earlier(record, branch):
+                    branches[name] = record
                 return
-            assert defn is not None
-            role = defn.role.get(name)
-            if role is None or record[R.R_STATUS] != "ok" or defn.validators or \
-                    name in self._pruned:
-                self._set_contrib(name, self._contribution(name, record), self._baseline(name))
-                return
-            # fast path: first receipt, ok, of a declared unpruned branch, no schemas; its
-            # contribution stays implicit (see _old)
-            if role:
-                self._n_missing -= 1
-                self._n_unreported -= 1
-            key = record[R.R_KEY]
-            if key in self._keys:
-                self._key_entry((key, record[R.R_VALUE_CANON]), 1)
-            else:  # the first writer of the key (what _key_entry does, without the call)
-                self._keys[key] = record[R.R_VALUE_CANON]
-            return
-        if type(branch) is tuple:  # a second receipt: keep the aggregate from now on
+            # a different second receipt: keep the aggregate from now on
             self._materialize(name)
-            branch = branches[name] = _Branch(branch[R.R_ATTEMPT], branch[R.R_CONTENT], branch)
+            branch = branches[name] = _Branch(branch[R_ATTEMPT], branch[R_CONTENT], branch)
         if attempt == branch.max_attempt:
             if not _keep_first(branch.cand, content, record):
                 self.duplicates += 1
@@ -435,7 +483,7 @@ class JoinReducer:
     def opened_at(self) -> int | None:
         first = self.defining_open()
         if first is not None:
-            return first[R.TIME]
+            return first[TIME]
         if self.min_receipt_opened is not None:
             return self.min_receipt_opened
         return self.min_event
@@ -446,9 +494,9 @@ class JoinReducer:
 
     def run_id(self) -> str | None:
         first = self.defining_open()
-        if first is not None and first[R.RUN_ID] is not None:
-            return first[R.RUN_ID]
-        ids = [r[R.RUN_ID] for r in self._all_records() if r[R.RUN_ID] is not None]
+        if first is not None and first[RUN_ID] is not None:
+            return first[RUN_ID]
+        ids = [r[RUN_ID] for r in self._all_records() if r[RUN_ID] is not None]
         return min(ids) if ids else None
 
     def _all_records(self) -> list[R.Record]:
@@ -475,7 +523,7 @@ class JoinReducer:
         role = defn.role
         for name, branch in self.branches.items():
             if type(branch) is tuple:  # one receipt: the common case
-                record, content, several = branch, branch[R.R_CONTENT], False
+                record, content, several = branch, branch[R_CONTENT], False
             else:
                 several = len(branch.cand) > 1
                 content, record = next(iter(branch.cand.items()))
@@ -484,26 +532,26 @@ class JoinReducer:
                     "pruned_branch_reported" if name in pruned else "duplicate_changed"
                 cand = _candidates(branch)
                 entry = {"kind": kind, "branch": name,
-                         "key": min(r[R.R_KEY] for r in cand.values())}
+                         "key": min(r[R_KEY] for r in cand.values())}
                 if kind == "duplicate_changed":
-                    entry["attempt"] = record[R.R_ATTEMPT]
+                    entry["attempt"] = record[R_ATTEMPT]
                 conflicts.append(entry)
                 continue
             branches_out[name] = _receipt_view(record)
-            if record[R.R_STATUS] == "ok":
-                validator = defn.validators.get(record[R.R_KEY])
+            if record[R_STATUS] == "ok":
+                validator = defn.validators.get(record[R_KEY])
                 problem = validator and self._violation(branch, content, record, validator)
                 if problem:
                     conflicts.append({"kind": "schema_violation", "branch": name,
-                                      "key": record[R.R_KEY], "detail": problem})
-                writers.setdefault(record[R.R_KEY], []).append(
-                    (name, record[R.R_VALUE_CANON], record[R.R_VALUE]))
+                                      "key": record[R_KEY], "detail": problem})
+                writers.setdefault(record[R_KEY], []).append(
+                    (name, record[R_VALUE_CANON], record[R_VALUE]))
         for path, record in self.skips.items():
             if defn.under.get(path):
                 branches_out[path] = _receipt_view(record)
             else:
                 conflicts.append({"kind": "unknown_branch", "branch": path,
-                                  "key": record[R.R_KEY]})
+                                  "key": record[R_KEY]})
         values: dict[str, Any] = {}
         conflicted_branches = {c["branch"] for c in conflicts}
         for key, entries in writers.items():
@@ -557,7 +605,7 @@ class JoinReducer:
 
     def _join_id(self) -> str:
         for record in self._all_records():
-            return record[R.JOIN_ID]
+            return record[JOIN_ID]
         raise ValueError("empty join")
 
 
@@ -565,10 +613,10 @@ def _candidates(branch: _Branch | R.Record) -> dict[str, R.Record]:
     """content -> record at the top attempt, for either form of a branch entry."""
     if type(branch) is _Branch:
         return branch.cand
-    return {branch[R.R_CONTENT]: branch}
+    return {branch[R_CONTENT]: branch}
 
 
 def _receipt_view(record: R.Record) -> dict[str, Any]:
-    return {"status": record[R.R_STATUS], "key": record[R.R_KEY],
-            "attempt": record[R.R_ATTEMPT], "event_time": format_ms(record[R.TIME]),
-            "value": record[R.R_VALUE], "error": record[R.R_ERROR]}
+    return {"status": record[R_STATUS], "key": record[R_KEY],
+            "attempt": record[R_ATTEMPT], "event_time": format_ms(record[TIME]),
+            "value": record[R_VALUE], "error": record[R_ERROR]}
