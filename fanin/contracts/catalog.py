@@ -116,6 +116,8 @@ class Definition:
     under: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     # declared branch -> 1 if required, 0 if optional
     role: Mapping[str, int] = field(default_factory=dict)
+    required_sorted: tuple[str, ...] = ()
+    optional_sorted: tuple[str, ...] = ()
 
 
 def _prefix_index(branches: frozenset[str]) -> dict[str, tuple[str, ...]]:
@@ -189,6 +191,8 @@ class Catalog:
             validators=self._validators.get(contract, {}) if contract else {},
             under=_prefix_index((req_set or frozenset()) | opt_set),
             role={**dict.fromkeys(opt_set, 0), **dict.fromkeys(req_set or (), 1)},
+            required_sorted=tuple(sorted(req_set or ())),
+            optional_sorted=tuple(sorted(opt_set)),
         )
         if len(self._definitions) > 4096:
             self._definitions.clear()

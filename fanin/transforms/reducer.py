@@ -515,7 +515,7 @@ class JoinReducer:
         """The close object of SPEC §5 for the records folded so far."""
         defn = self.definition
         assert defn.required is not None, "an undefined join has no close"
-        required, optional, pruned = defn.required, defn.optional, self._pruned
+        required, pruned = defn.required, self._pruned
         branches_out: dict[str, Any] = {}
         conflicts: list[dict[str, Any]] = []
         missing, failed = [], []
@@ -555,7 +555,12 @@ class JoinReducer:
         values: dict[str, Any] = {}
         conflicted_branches = {c["branch"] for c in conflicts}
         for key, entries in writers.items():
-            if len(entries) > 1 and len({canon for _, canon, _ in entries}) > 1:
+            if len(entries) == 1:  # one writer: its value, unless its branch is in conflict
+                name, _, value = entries[0]
+                if name not in conflicted_branches:
+                    values[key] = value
+                continue
+            if len({canon for _, canon, _ in entries}) > 1:
                 for name, _, value in entries:
                     conflicts.append({"kind": "key_conflict", "branch": name, "key": key,
                                       "value": value})
@@ -570,7 +575,7 @@ class JoinReducer:
         if len(self.contract_names) > 1:
             conflicts.append({"kind": "contract_conflict", "branch": None, "key": None,
                               "contracts": sorted(self.contract_names)})
-        for name in sorted(required - pruned):
+        for name in (defn.required_sorted if not pruned else sorted(required - pruned)):
             view = branches_out.get(name)
             if view is None:
                 missing.append(name)
@@ -590,8 +595,8 @@ class JoinReducer:
             "deadline": format_ms(deadline),
             "closed_at": format_ms(closed_at),
             "latency_ms": closed_at - opened,
-            "required": sorted(required),
-            "optional": sorted(optional),
+            "required": list(defn.required_sorted),
+            "optional": list(defn.optional_sorted),
             "pruned": sorted(pruned),
             "missing": missing,
             "failed": failed,
@@ -604,8 +609,10 @@ class JoinReducer:
         }
 
     def _join_id(self) -> str:
-        for record in self._all_records():
-            return record[JOIN_ID]
+        for records in (self.opens.values(), self.skips.values(), self.branches.values()):
+            for record in records:  # every record of a join carries its join_id
+                return (record if type(record) is tuple else
+                        next(iter(record.cand.values())))[JOIN_ID]
         raise ValueError("empty join")
 
 
