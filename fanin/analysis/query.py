@@ -109,19 +109,24 @@ def _quote(text: str) -> str:
 
 
 def _load(con: duckdb.DuckDBPyConnection, kind: str, folder: Path) -> None:
-    """Copy the ``kind`` outputs under ``folder`` into table ``_<kind>``; create view ``kind``."""
+    """Copy the ``kind`` outputs under ``folder`` into table ``_<kind>``; create view ``kind``.
+
+    A run that wrote both formats wrote the same rows twice: the Parquet files are read when
+    there are any, else the JSONL files, so every row appears once.
+    """
     sch = tables.schema(kind)
     columns = ", ".join(f'"{name}"' for name in sch.names)
-    staging = f"_{kind}_jsonl"
-    con.register(staging, _read_jsonl(kind, _output_files(folder, ".jsonl")))
-    sources = [f"SELECT {columns} FROM {staging}"]
     parquet = _output_files(folder, ".parquet")
     _check_parquet(kind, parquet)
     if parquet:
         files = ", ".join(_quote(str(p)) for p in parquet)
-        sources.append(f"SELECT {columns} FROM read_parquet([{files}], hive_partitioning = false)")
-    con.execute(f'CREATE TABLE "_{kind}" AS {" UNION ALL ".join(sources)}')
-    con.unregister(staging)
+        con.execute(f'CREATE TABLE "_{kind}" AS SELECT {columns} FROM '
+                    f"read_parquet([{files}], hive_partitioning = false)")
+    else:
+        staging = f"_{kind}_jsonl"
+        con.register(staging, _read_jsonl(kind, _output_files(folder, ".jsonl")))
+        con.execute(f'CREATE TABLE "_{kind}" AS SELECT {columns} FROM {staging}')
+        con.unregister(staging)
     projection = ", ".join(
         f'"{f.name}"::JSON AS "{f.name}"'
         if (f.metadata or {}).get(b"fanin.encoding") == b"json" else f'"{f.name}"'
