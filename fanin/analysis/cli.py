@@ -66,7 +66,7 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
     """Register ``query`` and ``report`` on ``subparsers`` (from ``add_subparsers()``)."""
     query = subparsers.add_parser(
         "query", help="run read-only SQL over an output folder",
-        description="Views: closes, late, dead_letter (JSONL and Parquet, unioned).",
+        description="Views: closes, late, dead_letter (Parquet where present, else JSONL).",
     )
     query.add_argument("dir", metavar="DIR", help="the pipeline's --output folder")
     query.add_argument("sql", metavar="SQL", help="one SELECT (or EXPLAIN) statement")

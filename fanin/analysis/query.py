@@ -9,10 +9,11 @@
   writes Parquet, so both formats yield identical rows) and staged as an Arrow table;
 - ``DIR/<kind>/**/*.parquet`` is read by DuckDB after its schema was checked against
   ``tables.schema(kind)``;
-- both are concatenated (``UNION ALL``, no dedupe) into the in-memory table ``_<kind>`` that the
-  view selects from; with neither, the view exists with zero rows. Hidden files and folders
-  (``.`` or ``_`` prefix: temp files, Beam's ``.temp-beam-*``) are skipped, so a half-written
-  file is never read.
+- a run asked for both formats writes the same rows twice, so when a folder has Parquet files
+  those are read, else its JSONL files, into the in-memory table ``_<kind>`` that the view
+  selects from (each row once); with neither, the view exists with zero rows. Hidden files
+  and folders (``.`` or ``_`` prefix: temp files, Beam's ``.temp-beam-*``) are skipped, so a
+  half-written file is never read.
 
 The outputs are copied into memory once (DuckDB's compressed columnar tables): that is what
 lets the connection give up file access entirely. It suits a run's outputs up to a few GB; for
