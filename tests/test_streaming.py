@@ -146,3 +146,13 @@ def test_undefined_join_and_bad_input_go_to_dead_letter() -> None:
     run_stream(
         [add(receipt("a", 1, join_id="u")), watermark(40)],
         {DEAD_LETTER: equal_to([("undefined_join",)]), CLOSES: equal_to([])}, PROJECT)
+
+
+def test_a_hot_watermark_join_closes_once_at_the_least_time() -> None:
+    # after "b" completes the join at 2 s, redeliveries keep arriving before the watermark
+    # passes 2 s (they do not re-run the decision): the close is at 2 s, every later copy late
+    run_stream(
+        [add(open_msg(contract="watch"), receipt("a", 1), receipt("b", 2)),
+         add(*[receipt("b", 2 + i) for i in range(1, 6)]), watermark(10)],
+        {CLOSES: equal_to([("j", "complete", "00:00:02", 3)]),
+         LATE: equal_to([("j", "after_close", "complete", "b")] * 5)}, PROJECT)
