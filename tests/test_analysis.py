@@ -18,8 +18,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from fanin.analysis import cli, query, report, tables
-from fanin.analysis._atomic import atomic_write
 from fanin.contracts.timefmt import format_ms
+from fanin.io.files import atomic_write
 
 REPO = Path(__file__).resolve().parent.parent
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00.000Z

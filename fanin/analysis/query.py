@@ -58,8 +58,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from fanin.analysis import tables
-from fanin.analysis._atomic import atomic_write
 from fanin.contracts.timefmt import format_ms
+from fanin.io.files import atomic_write
 
 __all__ = ["FORMATS", "QueryRefused", "open_outputs", "run_query"]
 

@@ -24,9 +24,9 @@ from html import escape
 import duckdb
 
 from fanin.analysis import svg
-from fanin.analysis._atomic import atomic_write
 from fanin.analysis.query import open_outputs
 from fanin.contracts.timefmt import format_ms
+from fanin.io.files import atomic_write
 
 __all__ = ["MAX_BUCKETS", "TOP_N", "Chart", "Report", "build_report", "summary_text", "write_html"]
 

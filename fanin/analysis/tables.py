@@ -55,8 +55,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from fanin.analysis._atomic import atomic_write
 from fanin.contracts.timefmt import format_ms, parse_rfc3339
+from fanin.io.files import atomic_write
 
 __all__ = [
     "KINDS",

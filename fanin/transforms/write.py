@@ -16,7 +16,6 @@ Guarantees:
 from __future__ import annotations
 
 import json
-import uuid
 import zlib
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -28,20 +27,12 @@ from apache_beam.transforms import trigger, window
 from apache_beam.utils.timestamp import Duration
 
 from fanin.contracts.timefmt import format_ms
+from fanin.io.files import atomic_write
 
 __all__ = ["FORMATS", "WriteOutput"]
 
 FORMATS = ("jsonl", "parquet")
 _TEN_YEARS_S = 10 * 366 * 86400
-
-
-def _atomic_write(path: str, data: bytes) -> None:
-    tmp = f"{path}.tmp-{uuid.uuid4().hex}"
-    with FileSystems.create(tmp) as handle:
-        handle.write(data)
-    if FileSystems.exists(path):
-        FileSystems.delete([path])
-    FileSystems.rename([tmp], [path])
 
 
 def _window_label(win: Any) -> str:
@@ -67,7 +58,8 @@ class _WriteFiles(beam.DoFn):
         written = []
         if "jsonl" in self._formats:
             path = FileSystems.join(self._folder, base + ".jsonl")
-            _atomic_write(path, ("\n".join(ordered) + "\n").encode("utf-8"))
+            data = ("\n".join(ordered) + "\n").encode("utf-8")
+            atomic_write(path, lambda handle: handle.write(data))
             written.append(path)
         if "parquet" in self._formats:
             from fanin.analysis.tables import write_parquet

@@ -1,0 +1,60 @@
+"""Atomic file writes, shared by the pipeline's output writer and the analysis tools.
+
+Guarantee: ``atomic_write(path, write)`` calls ``write`` on a binary file named
+``<path>.tmp-<random>`` beside ``path``, then renames it onto ``path``. Readers see the old
+file, no file, or the complete new file; never a partial one under the final name (and a
+temporary file never has an output's suffix, so tools that read ``*.jsonl`` / ``*.parquet``
+skip it). Local paths are fsynced (file and folder) before and after the rename; other Beam
+filesystems (``gs://...``) are written through ``FileSystems`` (create, then rename). On error
+the temporary file is removed and the error re-raised.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import BinaryIO
+
+__all__ = ["atomic_write"]
+
+
+def atomic_write(path: str | os.PathLike[str], write: Callable[[BinaryIO], None]) -> None:
+    """Create or replace ``path`` atomically with what ``write`` writes to the file handle."""
+    name = os.fspath(path)
+    tmp = f"{name}.tmp-{uuid.uuid4().hex}"
+    if "://" in name:
+        _remote(name, tmp, write)
+        return
+    target = Path(name)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with open(tmp, "wb") as handle:
+            write(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    folder = os.open(target.parent, os.O_RDONLY)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
+
+
+def _remote(name: str, tmp: str, write: Callable[[BinaryIO], None]) -> None:
+    from apache_beam.io.filesystems import FileSystems
+
+    try:
+        with FileSystems.create(tmp) as handle:
+            write(handle)
+        if FileSystems.exists(name):
+            FileSystems.delete([name])
+        FileSystems.rename([tmp], [name])
+    except BaseException:
+        if FileSystems.exists(tmp):
+            FileSystems.delete([tmp])
+        raise
