@@ -178,6 +178,8 @@ def run_pipeline(config: RunConfig, beam_args: Sequence[str]) -> beam.runners.ru
     Dataflow, which is left running once submitted."""
     config.validate()
     catalog = catalog_for(config)
+    if config.inputs:
+        expand_inputs(config.inputs)  # a missing input is reported before anything starts
     options = configure_options(config, beam_args)
     runner = options.view_as(StandardOptions).runner
     if "://" not in config.output:

@@ -2,7 +2,7 @@
 
 Guarantees:
 - ``expand_inputs`` resolves globs with Beam's FileSystems (local paths, gs://, ...) and raises
-  ``FileNotFoundError`` naming the pattern when it matches nothing.
+  ``FileNotFoundError`` naming the pattern when it matches no file (a folder is not a file).
 - ``numbered_lines`` yields ``(line_bytes, (path, n))`` for every line of a file, in file
   order (``n`` 1-based); the compact source becomes ``{"kind": "file", "file": path,
   "line": n}`` in a dead letter (``contracts.parsing.source_object``). The trailing ``\\n``
@@ -13,6 +13,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Sequence
 
 import apache_beam as beam
@@ -27,7 +28,11 @@ def expand_inputs(patterns: Sequence[str]) -> list[str]:
     """Every file the patterns match, sorted, de-duplicated; a pattern matching none raises."""
     paths: list[str] = []
     for pattern in patterns:
-        matched = [m.path for result in FileSystems.match([pattern]) for m in result.metadata_list]
+        if os.path.isdir(pattern):
+            raise FileNotFoundError(f"input is a folder, not a file: {pattern} (give a glob such "
+                                    f"as {os.path.join(pattern, '*.jsonl')})")
+        matched = [m.path for result in FileSystems.match([pattern]) for m in result.metadata_list
+                   if not os.path.isdir(m.path)]
         if not matched:
             raise FileNotFoundError(f"input matches no file: {pattern}")
         paths.extend(sorted(matched))
