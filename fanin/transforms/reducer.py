@@ -111,7 +111,6 @@ class JoinReducer:
     messages = 0
     duplicates = 0
     superseded = 0
-    dup_other = 0
     _first: R.Record | None = None  # the defining open
     contract_names: dict[str, int] = _NO_MAP
     min_event: int | None = None
@@ -391,7 +390,7 @@ class JoinReducer:
                 self._first = record
             redefine = True
         else:
-            self.dup_other += 1
+            self.duplicates += 1
             if _earlier(record, seen):
                 self.opens[canon] = record
                 if self._first is seen:
@@ -404,7 +403,7 @@ class JoinReducer:
         if self.skips is _NO_MAP:
             self.skips = {}
         if not _keep_first(self.skips, path, record):
-            self.dup_other += 1
+            self.duplicates += 1
             return
         defn = self._defn
         if defn is not None and defn.required is not None:
@@ -604,7 +603,7 @@ class JoinReducer:
             "branches": dict(sorted(branches_out.items())),
             "conflicts": conflicts,
             "counts": {"messages": self.messages,
-                       "duplicates": self.duplicates + self.dup_other,
+                       "duplicates": self.duplicates,
                        "superseded": self.superseded},
         }
 
