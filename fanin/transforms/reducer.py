@@ -122,12 +122,21 @@ class JoinReducer:
     _n_conflicts = 0
     _pruned: set[str] = _NO_SET
     _contrib: dict[str, tuple[int, int, int, Any]] = _NO_MAP
+    # key -> value canon (one writer) or [writers, {value canon: writers}]
+    _keys: dict[str, Any] = _NO_MAP
+    # canon -> first open record; while a join has one distinct open it is only ``_first``
+    _opens: dict[str, R.Record] = _NO_MAP
 
     def __init__(self, catalog: Catalog) -> None:
         self.catalog = catalog
-        self.opens: dict[str, R.Record] = {}  # canon -> first open record
         self.branches: dict[str, _Branch | R.Record] = {}
-        self._keys: dict[str, Any] = {}
+
+    @property
+    def opens(self) -> dict[str, R.Record]:
+        """canon -> the first copy of each distinct open (read-only view for the close)."""
+        if self._opens is _NO_MAP and self._first is not None:
+            return {self._first[O_CANON]: self._first}
+        return self._opens
 
     # ------------------------------------------------------------------ definition
     def _reset_derived(self) -> None:
@@ -137,8 +146,7 @@ class JoinReducer:
         self._pruned: set[str] = _NO_SET
         # explicit contributions; a one-receipt ok branch on the fast path has an implicit one
         self._contrib: dict[str, tuple[int, int, int, Any]] = _NO_MAP
-        # key -> value canon (one writer) or [writers, {value canon: writers}]
-        self._keys: dict[str, Any] = {}
+        self._keys: dict[str, Any] = _NO_MAP
 
     def defining_open(self) -> R.Record | None:
         return self._first
@@ -227,6 +235,8 @@ class JoinReducer:
         """Add/remove one writer of ``key = value``; key conflicts count every writer."""
         key, value = entry
         keys = self._keys
+        if keys is _NO_MAP:
+            keys = self._keys = {}
         slot = keys.get(key)
         if slot is None:  # first writer of the key (only added writers are ever removed)
             keys[key] = value
@@ -358,10 +368,13 @@ class JoinReducer:
             self._n_missing -= 1
             self._n_unreported -= 1
         key = record[R_KEY]
-        if key in self._keys:
+        keys = self._keys
+        if keys is _NO_MAP:
+            keys = self._keys = {}
+        if key in keys:
             self._key_entry((key, record[R_VALUE_CANON]), 1)
         else:  # the first writer of the key (what _key_entry does, without the call)
-            self._keys[key] = record[R_VALUE_CANON]
+            keys[key] = record[R_VALUE_CANON]
 
     def _note_contract(self, contract: str) -> bool:
         """Count a contract name; True when it is new (the definition may change)."""
@@ -375,16 +388,17 @@ class JoinReducer:
         if self._first is None and self._defn is None and not self.branches and \
                 self.skips is _NO_MAP:
             # a fresh join's open (the usual first message): define it without the general path
-            self.opens[record[O_CANON]] = record
             self._first = record
             defn = self._defn = self._resolve()
             if defn.required is not None:
                 self._n_missing = self._n_unreported = len(defn.required)
             return
         canon = record[O_CANON]
-        seen = self.opens.get(canon)
+        if self._opens is _NO_MAP:
+            self._opens = self.opens.copy()  # from now on the map is kept
+        seen = self._opens.get(canon)
         if seen is None:
-            self.opens[canon] = record
+            self._opens[canon] = record
             first = self._first
             if first is None or (t, canon) < (first[TIME], first[O_CANON]):
                 self._first = record
@@ -392,7 +406,7 @@ class JoinReducer:
         else:
             self.duplicates += 1
             if _earlier(record, seen):
-                self.opens[canon] = record
+                self._opens[canon] = record
                 if self._first is seen:
                     self._first = record
         if redefine:
@@ -460,7 +474,7 @@ class JoinReducer:
         return self.definition.required is not None
 
     def conflict_count(self) -> int:
-        return self._n_conflicts + (len(self.opens) > 1) + (len(self.contract_names) > 1)
+        return self._n_conflicts + (len(self._opens) > 1) + (len(self.contract_names) > 1)
 
     def complete(self) -> bool:
         """Every required, unpruned branch has a current ok receipt, and no conflicts."""
@@ -468,7 +482,7 @@ class JoinReducer:
         if defn is None:
             defn = self.definition
         return (defn.required is not None and self._n_missing == 0 and self._n_conflicts == 0
-                and len(self.opens) < 2 and len(self.contract_names) < 2)
+                and len(self._opens) < 2 and len(self.contract_names) < 2)
 
     def all_reported(self) -> bool:
         """Every required, unpruned branch has a current receipt (the fail_fast condition)."""
