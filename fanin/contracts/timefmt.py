@@ -137,23 +137,21 @@ def parse_rfc3339(text: str) -> int:
     return value
 
 
-_DATES: dict[int, str] = {}  # days since the epoch -> "YYYY-MM-DD"
-_CLOCKS: dict[int, str] = {}  # second of the day -> "hh:mm:ss" (at most 86,400 entries)
+_SECONDS: dict[int, str] = {}  # epoch second -> "YYYY-MM-DDThh:mm:ss" (bounded cache)
 
 
 def format_ms(ms: int) -> str:
     """Render epoch milliseconds as RFC 3339 UTC with milliseconds; clamps to years 0001-9999."""
-    ms = min(max(ms, MIN_MS), MAX_MS)
-    days, rem = divmod(ms, _MS_PER_DAY)
-    date = _DATES.get(days)
-    if date is None:
+    if not MIN_MS <= ms <= MAX_MS:
+        ms = min(max(ms, MIN_MS), MAX_MS)
+    second, millis = divmod(ms, 1000)
+    prefix = _SECONDS.get(second)
+    if prefix is None:
+        days, secs = divmod(second, 86_400)
         year, month, day = _civil_from_days(days)
-        date = f"{year:04d}-{month:02d}-{day:02d}"
-        if len(_DATES) > 100_000:
-            _DATES.clear()
-        _DATES[days] = date
-    secs, millis = divmod(rem, 1000)
-    clock = _CLOCKS.get(secs)
-    if clock is None:
-        clock = _CLOCKS[secs] = f"{secs // 3600:02d}:{secs // 60 % 60:02d}:{secs % 60:02d}"
-    return f"{date}T{clock}.{millis:03d}Z"
+        prefix = (f"{year:04d}-{month:02d}-{day:02d}T"
+                  f"{secs // 3600:02d}:{secs // 60 % 60:02d}:{secs % 60:02d}")
+        if len(_SECONDS) > 200_000:
+            _SECONDS.clear()
+        _SECONDS[second] = prefix
+    return f"{prefix}.{millis:03d}Z"
