@@ -250,12 +250,15 @@ def _fanin_replay(path: str, out: str, defaults: JoinDefaults | None = None) -> 
     return p
 
 
+def _replayed(p: beam.Pipeline, path: str, catalog: Catalog) -> Any:
+    """The replay read and parse every streaming variant shares (``ParseMessages`` outputs)."""
+    raw = p | "Read" >> build_replay(list(numbered_lines(path)), 0.0, replay_horizon_ms(catalog))
+    return raw | "Parse" >> ParseMessages(frozenset(catalog.contracts))
+
+
 def _floor_replay(path: str) -> beam.Pipeline:
-    catalog = _catalog()
     p = beam.Pipeline(options=_options(True))
-    (p
-     | "Read" >> build_replay(list(numbered_lines(path)), 0.0, replay_horizon_ms(catalog))
-     | "Parse" >> ParseMessages(frozenset(catalog.contracts))).records \
+    _replayed(p, path, _catalog()).records \
         | "State" >> beam.ParDo(_FloorStateFn()).with_input_types(tuple[str, tuple])
     return p
 
@@ -265,10 +268,7 @@ def _fanin_join_replay(path: str) -> beam.Pipeline:
     (its closes, late and dead letters are computed and dropped, like the floor's output)."""
     catalog = _catalog()
     p = beam.Pipeline(options=_options(True))
-    (p
-     | "Read" >> build_replay(list(numbered_lines(path)), 0.0, replay_horizon_ms(catalog))
-     | "Parse" >> ParseMessages(frozenset(catalog.contracts))).records \
-        | "Join" >> JoinRecords(catalog, streaming=True)
+    _replayed(p, path, catalog).records | "Join" >> JoinRecords(catalog, streaming=True)
     return p
 
 
@@ -438,8 +438,7 @@ def _trigger_replay(path: str, out: str, trigger: str) -> beam.Pipeline:
     """The replay pipeline of ``build`` (same composites), its join DoFn probed."""
     catalog = _catalog(JoinDefaults(close_trigger=trigger))  # type: ignore[arg-type]
     p = beam.Pipeline(options=_options(True))
-    raw = p | "Read" >> build_replay(list(numbered_lines(path)), 0.0, replay_horizon_ms(catalog))
-    parsed = raw | "Parse" >> ParseMessages(frozenset(catalog.contracts))
+    parsed = _replayed(p, path, catalog)
     joined = parsed.records | "Join" >> beam.ParDo(
         _probes().ProbedJoinDoFn(catalog, 100_000)).with_input_types(
         tuple[str, tuple]).with_outputs(LATE, DEAD_LETTER, main=CLOSES)

@@ -152,11 +152,6 @@ class Catalog:
     def __reduce__(self) -> tuple[Any, ...]:
         return (Catalog, (self.contracts, self.defaults))
 
-    def close_trigger(self, contract: str | None) -> CloseTrigger:
-        spec = self.contracts.get(contract) if contract else None
-        return (spec.close_trigger if spec and spec.close_trigger else None) or \
-            self.defaults.close_trigger
-
     def definition(self, contract: str | None, required: tuple[str, ...] | None,
                    optional: tuple[str, ...] | None, deadline_ms: int | None,
                    allow_partial: bool | None, fail_fast: bool | None) -> Definition:

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
 from fanin.contracts.catalog import Catalog, JoinDefaults, load_contracts
@@ -135,8 +136,7 @@ def build(p: beam.Pipeline, config: RunConfig, catalog: Catalog) -> dict[str, be
                DEAD_LETTER: (joined[DEAD_LETTER], parsed[DEAD_LETTER])
                | "MergeDeadLetters" >> beam.Flatten()}
     for kind, pcoll in outputs.items():
-        folder = os.path.join(config.output, kind) if "://" not in config.output \
-            else f"{config.output.rstrip('/')}/{kind}"
+        folder = FileSystems.join(config.output, kind)
         pcoll | f"Write/{kind}" >> WriteOutput(folder, kind, config.formats, config.streaming,
                                                config.window_s, config.shards)
         if kind in config.topics:
@@ -178,16 +178,14 @@ def run_pipeline(config: RunConfig, beam_args: Sequence[str]) -> beam.runners.ru
     Dataflow, which is left running once submitted."""
     config.validate()
     catalog = catalog_for(config)
-    if config.inputs:
-        expand_inputs(config.inputs)  # a missing input is reported before anything starts
     options = configure_options(config, beam_args)
     runner = options.view_as(StandardOptions).runner
+    p = beam.Pipeline(options=options)
+    build(p, config, catalog)  # a missing input is reported here, before anything is written
     if "://" not in config.output:
         _prepare_output(config.output, config.overwrite)
     _LOG.info("fanin: runner %s, %s input", runner,
               "streaming" if config.streaming else "bounded")
-    p = beam.Pipeline(options=options)
-    build(p, config, catalog)
     result = p.run()
     if config.streaming and runner.endswith("DataflowRunner"):
         _LOG.info("fanin: streaming job submitted; it runs until drained or cancelled")

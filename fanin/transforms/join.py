@@ -5,7 +5,8 @@
 
 - Bounded (``streaming=False``): ``GroupByKey`` then the closing decision over all of a join's
   records at once. This is the exact event-time result of SPEC §4 and the fastest plan on the
-  local runner (BEAM-NOTES); ``tests/test_parity.py`` proves it equals the streaming plan.
+  local runner (BEAM-NOTES); the parity test in ``tests/test_pipeline_runs.py`` proves it
+  equals the streaming plan.
 - Streaming (``streaming=True``): ``JoinDoFn``, a stateful DoFn in the global window. See its
   docstring for what it guarantees.
 
@@ -249,11 +250,11 @@ class JoinDoFn(beam.DoFn):
         else:
             records = list(msgs.read())
             reducer = self._rebuild(join_id, epoch, count + 1, records)
-        value = [epoch, count + 1, horizon, wake, None]
-        meta.write(value)
         if record[R.TIME] <= horizon or (reducer.closable() and self._decide_now(
                 reducer, record, horizon, wake)):
-            yield from self._settle(join_id, records or list(msgs.read()), value, msgs, meta,
+            # _settle writes META (or clears the state) on every path
+            yield from self._settle(join_id, records or list(msgs.read()),
+                                    [epoch, count + 1, horizon, wake, None], msgs, meta,
                                     decide_timer, expire_timer)
             return
         deadline = reducer.deadline()
@@ -261,7 +262,7 @@ class JoinDoFn(beam.DoFn):
         target = deadline if wake is None or wake <= horizon else min(wake, deadline)
         if target != wake:
             self._set(decide_timer, target + 1)
-            meta.write([epoch, count + 1, horizon, target, None])
+        meta.write([epoch, count + 1, horizon, target, None])  # one META write per arrival
 
     @userstate.on_timer(DECIDE)
     def on_decide(self, key: Any = beam.DoFn.KeyParam, fired: Any = beam.DoFn.TimestampParam,

@@ -20,13 +20,15 @@ from fanin.contracts import records as R
 from fanin.contracts.parsing import dead_letter
 from fanin.transforms.closing import Closed
 
-__all__ = ["CLOSES", "DEAD_LETTER", "LATE", "closed_outputs", "log_close", "rejected_outputs"]
+__all__ = ["CLOSES", "DEAD_LETTER", "LATE", "closed_outputs", "late_object", "log_close",
+           "rejected_outputs"]
 
 CLOSES, LATE, DEAD_LETTER = "closes", "late", "dead_letter"
 _CLOSE_LOG = logging.getLogger("fanin.close")
 
 
 def late_object(record: R.Record, reason: str, close_reason: str) -> dict[str, Any]:
+    """The late line of SPEC §5 for one record of a join that closed with ``close_reason``."""
     return {"join_id": record[R.JOIN_ID], "reason": reason, "close_reason": close_reason,
             "message": json.loads(record[R.RAW])}
 

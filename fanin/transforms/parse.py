@@ -19,10 +19,10 @@ from apache_beam.metrics import Metrics
 
 from fanin.contracts import records as R
 from fanin.contracts.parsing import DEFAULT_MAX_BYTES, parse_message
+from fanin.transforms.outcomes import DEAD_LETTER
 
 __all__ = ["DEAD_LETTER", "ParseMessages"]
 
-DEAD_LETTER = "dead_letter"
 _LOG = logging.getLogger(__name__)
 _PROGRESS_EVERY = 100_000
 
