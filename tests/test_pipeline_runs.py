@@ -150,3 +150,18 @@ def test_cli_runs_and_refuses_bad_use(traffic: dict[str, Path], tmp_path: Path,
         assert info.value.code == 2
         err = capsys.readouterr().err.strip()
         assert err.startswith("fanin: error: ") and "\n" not in err, argv
+
+
+def test_a_deadline_past_year_9999_closes_at_its_end_in_batch_and_replay(tmp_path: Path) -> None:
+    traffic = tmp_path / "far.jsonl"
+    traffic.write_text(
+        '{"kind":"open","join_id":"far","opened_at":"2026-01-01T00:00:00Z","required":["a","b"],'
+        '"deadline_s":1e13}\n'
+        '{"join_id":"far","branch":"a","status":"ok","event_time":"2026-01-01T00:00:01Z"}\n')
+    for replay in (False, True):
+        out = tmp_path / f"out-{replay}"
+        run_pipeline(RunConfig(output=str(out), inputs=[str(traffic)], replay=replay), [])
+        (close,) = read_outputs(out)["closes"]
+        assert close["reason"] == "timeout"
+        assert close["deadline"] == close["closed_at"] == "9999-12-31T23:59:59.999Z"
+        assert close["counts"]["messages"] == 2

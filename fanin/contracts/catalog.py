@@ -21,6 +21,8 @@ import jsonschema
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from fanin.contracts.timefmt import duration_ms
+
 __all__ = [
     "Catalog",
     "Contract",
@@ -131,10 +133,6 @@ def _prefix_index(branches: frozenset[str]) -> dict[str, tuple[str, ...]]:
     return {prefix: tuple(sorted(names)) for prefix, names in index.items()}
 
 
-def _ms(seconds: float) -> int:
-    return int(seconds * 1000) if seconds < 1e15 else 10**18
-
-
 class Catalog:
     """The contracts by name plus the defaults; resolves and caches join definitions."""
 
@@ -173,7 +171,7 @@ class Catalog:
         req_set = None if req is None else frozenset(req)
         opt_set = frozenset(pick(optional, "optional", ())) - (req_set or frozenset())
         deadline = deadline_ms if deadline_ms is not None else \
-            _ms(pick(None, "deadline_s", dflt.deadline_s))
+            duration_ms(pick(None, "deadline_s", dflt.deadline_s))
         definition = Definition(
             contract=contract,
             required=req_set,
@@ -182,7 +180,7 @@ class Catalog:
             allow_partial=pick(allow_partial, "allow_partial", dflt.allow_partial),
             fail_fast=pick(fail_fast, "fail_fast", dflt.fail_fast),
             close_trigger=pick(None, "close_trigger", dflt.close_trigger),
-            retention_ms=_ms(pick(None, "retention_s", dflt.retention_s)),
+            retention_ms=duration_ms(pick(None, "retention_s", dflt.retention_s)),
             validators=self._validators.get(contract, {}) if contract else {},
             under=_prefix_index((req_set or frozenset()) | opt_set),
             role={**dict.fromkeys(opt_set, 0), **dict.fromkeys(req_set or (), 1)},

@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from fanin.contracts import records as R
 from fanin.contracts.jsonvalue import JSONRefused, canonical, encode_str, loads_strict
 from fanin.contracts.messages import OpenMessage, ReceiptMessage
-from fanin.contracts.timefmt import format_ms, parse_rfc3339
+from fanin.contracts.timefmt import duration_ms, format_ms, parse_rfc3339
 
 __all__ = ["DEFAULT_MAX_BYTES", "ERRORS", "Source", "dead_letter", "parse_message",
            "source_object"]
@@ -91,8 +91,7 @@ def _sorted_names(names: list[str] | None) -> tuple[str, ...] | None:
 def _open_record(msg: OpenMessage, text: str, source: Source) -> R.Record:
     required = _sorted_names(msg.required)
     optional = _sorted_names(msg.optional)
-    deadline_ms = None if msg.deadline_s is None else (
-        int(msg.deadline_s * 1000) if msg.deadline_s < 1e15 else 10**18)
+    deadline_ms = None if msg.deadline_s is None else duration_ms(msg.deadline_s)
     # The open as canonical JSON, over SPEC's table only (not run_id / message_id / unknown
     # fields), opened_at normalised, branch lists as sorted sets, absent (or null) omitted.
     fields = {"kind": "open", "join_id": msg.join_id, "opened_at": format_ms(msg.opened_at),

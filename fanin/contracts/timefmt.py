@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["MAX_MS", "MIN_MS", "format_ms", "parse_rfc3339"]
+__all__ = ["MAX_MS", "MIN_MS", "duration_ms", "format_ms", "parse_rfc3339"]
 
 _RFC3339 = re.compile(
     r"(\d{4})-(\d{2})-(\d{2})[Tt](\d{2}):(\d{2}):(\d{2})(?:\.(\d+))?(?:([Zz])|([+-])(\d{2}):(\d{2}))\Z",
@@ -155,3 +155,8 @@ def format_ms(ms: int) -> str:
             _SECONDS.clear()
         _SECONDS[second] = prefix
     return f"{prefix}.{millis:03d}Z"
+
+
+def duration_ms(seconds: float) -> int:
+    """A duration in whole milliseconds (truncated); beyond any timestamp range, 10**18."""
+    return int(seconds * 1000) if seconds < 1e15 else 10**18

@@ -57,7 +57,7 @@ from fanin.contracts.records import (
     RUN_ID,
     TIME,
 )
-from fanin.contracts.timefmt import format_ms
+from fanin.contracts.timefmt import MAX_MS, format_ms
 
 __all__ = ["JoinReducer"]
 
@@ -503,7 +503,8 @@ class JoinReducer:
 
     def deadline(self) -> int | None:
         opened = self.opened_at()
-        return None if opened is None else opened + self.definition.deadline_ms
+        # D is capped at the last instant of year 9999 (the latest time the outputs can show)
+        return None if opened is None else min(opened + self.definition.deadline_ms, MAX_MS)
 
     def run_id(self) -> str | None:
         first = self.defining_open()
@@ -598,7 +599,7 @@ class JoinReducer:
             conflicts.sort(key=lambda c: (c["kind"], c["branch"] or "", c["key"] or ""))
         opened = self.opened_at()
         assert opened is not None
-        deadline = opened + defn.deadline_ms
+        deadline = min(opened + defn.deadline_ms, MAX_MS)
         return {
             "join_id": self._join_id(),
             "contract": defn.contract,

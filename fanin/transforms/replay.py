@@ -23,7 +23,7 @@ from apache_beam.testing.test_stream import TestStream
 from apache_beam.transforms.window import TimestampedValue
 from apache_beam.utils.timestamp import Timestamp
 
-from fanin.contracts.timefmt import parse_rfc3339
+from fanin.contracts.timefmt import MAX_MS, duration_ms, parse_rfc3339
 
 __all__ = ["build_replay", "scan_line"]
 
@@ -37,8 +37,8 @@ def scan_line(line: bytes) -> tuple[int | None, int]:
         is_open = obj.get("kind") == "open"
         text = obj.get("opened_at") if is_open else obj.get("event_time")
         deadline = obj.get("deadline_s") if is_open else None
-        extra = int(deadline * 1000) if isinstance(deadline, (int, float)) and \
-            0 < deadline < 1e12 else 0
+        extra = duration_ms(deadline) if isinstance(deadline, (int, float)) and \
+            not isinstance(deadline, bool) and deadline > 0 else 0
         return (parse_rfc3339(text) if isinstance(text, str) else None), extra
     except (ValueError, UnicodeDecodeError, RecursionError):
         return None, 0
@@ -81,7 +81,8 @@ def build_replay(lines: Iterable[tuple[bytes, dict[str, Any]]], max_disorder_s: 
         moved = target is not None and (watermark is None or target - watermark >= step_ms)
         if moved or len(pending) >= batch:
             flush(target)
-    final = (max_seen or 0) + longest + horizon_ms + 1
+    # deadlines are capped at the end of year 9999, so no timer is later than that + horizon
+    final = min((max_seen or 0) + longest, MAX_MS) + horizon_ms + 1
     flush(None)
     stream.advance_watermark_to(_stamp(max(final, watermark or final)))
     return stream.advance_watermark_to_infinity()
