@@ -291,3 +291,40 @@ def test_conflicting_opens_at_one_time_the_least_canonical_json_defines() -> Non
                       open_msg(required=["a"], deadline_s=20)])
     assert close["deadline"] == "2026-01-01T00:00:20.000Z"
     assert [c["kind"] for c in close["conflicts"]] == ["open_conflict"]
+
+
+_RICH_BRANCHES = ["retrieve", "verify", "rank", "enrich", "a", "b", "c", "c/x", "review",
+                  "review/legal", "zz"]
+_rich_message = st.one_of(
+    st.builds(lambda b, t, s, v, k, n, c: receipt(b, t, status=s, value=v, key=k, attempt=n,
+                                                  **({"contract": c} if c else {})),
+              st.sampled_from(_RICH_BRANCHES), st.integers(0, 40),
+              st.sampled_from(["ok", "ok", "ok", "error", "timeout", "skipped"]),
+              st.sampled_from([0.5, 2, 1, 1.0, "x", None, {"k": 1}]),
+              st.sampled_from([None, "score", "answer", "a", "rank"]), st.integers(1, 3),
+              st.sampled_from([None, None, "triage", "strict", "routed"])),
+    st.builds(lambda t, req, c: open_msg(at=t, **({"required": req} if req else {}),
+                                         **({"contract": c} if c else {})),
+              st.integers(0, 5), st.sampled_from([None, ["a", "b"], ["c", "rank"]]),
+              st.sampled_from([None, "triage", "routed"])),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_rich_message, min_size=1, max_size=14))
+def test_incremental_answers_equal_a_recount_after_every_message(
+        messages: list[dict[str, Any]]) -> None:
+    """complete / all_reported / conflict_count, kept incrementally, agree after every add
+    with what the close (built from the stored records alone) shows."""
+    catalog = make_catalog()
+    reducer = JoinReducer(catalog)
+    for rec in records(messages, catalog):
+        reducer.add(rec)
+        if not reducer.defined():
+            assert not reducer.complete() and not reducer.all_reported()
+            assert not reducer.closable()
+            continue
+        close = reducer.close(reducer.deadline(), "timeout")
+        recount = (not close["missing"] and not close["failed"] and not close["conflicts"],
+                   not close["missing"], len(close["conflicts"]))
+        assert (reducer.complete(), reducer.all_reported(), reducer.conflict_count()) == recount

@@ -138,13 +138,14 @@ def parse_rfc3339(text: str) -> int:
 
 
 _SECONDS: dict[int, str] = {}  # epoch second -> "YYYY-MM-DDThh:mm:ss" (bounded cache)
+_MILLIS = tuple(f".{m:03d}Z" for m in range(1000))  # ".000Z" ... ".999Z"
 
 
 def format_ms(ms: int) -> str:
     """Render epoch milliseconds as RFC 3339 UTC with milliseconds; clamps to years 0001-9999."""
     if not MIN_MS <= ms <= MAX_MS:
         ms = min(max(ms, MIN_MS), MAX_MS)
-    second, millis = divmod(ms, 1000)
+    second = ms // 1000
     prefix = _SECONDS.get(second)
     if prefix is None:
         days, secs = divmod(second, 86_400)
@@ -154,7 +155,7 @@ def format_ms(ms: int) -> str:
         if len(_SECONDS) > 200_000:
             _SECONDS.clear()
         _SECONDS[second] = prefix
-    return f"{prefix}.{millis:03d}Z"
+    return prefix + _MILLIS[ms - second * 1000]
 
 
 def duration_ms(seconds: float) -> int:

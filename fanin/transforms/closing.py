@@ -27,6 +27,7 @@ Choice where SPEC is silent (docs/semantics.md): the join's definition and deadl
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 
 from fanin.contracts import records as R
@@ -64,6 +65,10 @@ class Pending:
     wake_at: int | None
 
 
+_TIME = R.TIME
+_BY_TIME = itemgetter(_TIME)
+
+
 def late_reason(time: int, deadline: int) -> str:
     return "after_deadline" if time > deadline else "after_close"
 
@@ -72,7 +77,7 @@ def _closed(reducer: JoinReducer, closed_at: int, ordered: list[R.Record], start
             deadline: int) -> Closed:
     defn = reducer.definition
     reason = reducer.reason()
-    late = [(rec, late_reason(rec[R.TIME], deadline)) for rec in ordered[start:]]
+    late = [(rec, late_reason(rec[_TIME], deadline)) for rec in ordered[start:]]
     return Closed(reducer.close(closed_at, reason), closed_at, deadline, reason,
                   defn.retention_ms, late)
 
@@ -80,25 +85,28 @@ def _closed(reducer: JoinReducer, closed_at: int, ordered: list[R.Record], start
 def decide(records: list[R.Record], catalog: Catalog, horizon: int | None
            ) -> Closed | Undefined | Pending:
     """Decide the close of one join from its records; see the module docstring."""
-    ordered = sorted(records, key=_time)
+    ordered = sorted(records, key=_BY_TIME)
     reducer = JoinReducer(catalog)
+    add = reducer.add
     i, n = 0, len(ordered)
     while i < n:
-        t = ordered[i][R.TIME]
-        if not reducer.is_empty():
+        t = ordered[i][_TIME]
+        if i:  # the deadline of the records folded so far
             deadline = reducer.deadline()
             assert deadline is not None
             if t > deadline:
                 return _at_deadline(reducer, ordered, i, deadline, horizon)
-        while i < n and ordered[i][R.TIME] == t:
-            reducer.add(ordered[i])
+        add(ordered[i])
+        i += 1
+        while i < n and ordered[i][_TIME] == t:
+            add(ordered[i])
             i += 1
         if reducer.closable():
             opened = reducer.opened_at()
             assert opened is not None
             closed_at = max(t, opened)
-            eager = reducer.definition.close_trigger == "eager"
-            if horizon is None or closed_at <= horizon or eager:
+            if horizon is None or closed_at <= horizon or \
+                    reducer.definition.close_trigger == "eager":
                 deadline = reducer.deadline()
                 assert deadline is not None
                 return _closed(reducer, closed_at, ordered, i, deadline)
@@ -117,10 +125,6 @@ def _at_deadline(reducer: JoinReducer, ordered: list[R.Record], i: int, deadline
     if not reducer.defined():
         return Undefined(ordered[:i], ordered[i:], deadline)
     return _closed(reducer, deadline, ordered, i, deadline)
-
-
-def _time(record: R.Record) -> int:
-    return record[R.TIME]
 
 
 def decide_all(records: list[R.Record], catalog: Catalog

@@ -66,20 +66,34 @@ def _counter(name: str) -> Any:
     return Metrics.counter("fanin", name)
 
 
-def _emit(outputs: Iterable[tuple[str, dict[str, Any]]]) -> Iterator[Any]:
-    global _closed_here
-    for tag, obj in outputs:
-        if tag == CLOSES:
-            _counter(f"closes.{obj['reason']}").inc()
-            _LATENCY.update(obj["latency_ms"])
-            log_close(obj)
-            _closed_here += 1
-            if _closed_here % _PROGRESS_EVERY == 0:
-                _LOG.info("fanin: %d joins closed by this worker", _closed_here)
-            yield obj
-        else:
-            _counter(f"{tag}.{obj['reason'] if tag == LATE else obj['error']}").inc()
-            yield pvalue.TaggedOutput(tag, obj)
+class _Counting(beam.DoFn):
+    """A DoFn whose outputs are counted per bundle: ``_emit`` tallies them and the tally goes
+    to the Beam counters ``closes.<reason>``, ``late.<reason>``, ``dead_letter.<error>`` once,
+    in ``finish_bundle`` (a counter update per element costs as much as folding a join)."""
+
+    def start_bundle(self) -> None:
+        self._tally: dict[tuple[str, str], int] = {}
+
+    def finish_bundle(self) -> None:
+        for (tag, reason), count in self._tally.items():
+            _counter(f"{tag}.{reason}").inc(count)
+        self._tally = {}
+
+    def _emit(self, outputs: Iterable[tuple[str, dict[str, Any]]]) -> Iterator[Any]:
+        global _closed_here
+        tally = self._tally
+        for tag, obj in outputs:
+            reason = obj["error"] if tag == DEAD_LETTER else obj["reason"]
+            tally[tag, reason] = tally.get((tag, reason), 0) + 1
+            if tag == CLOSES:
+                _LATENCY.update(obj["latency_ms"])
+                log_close(obj)
+                _closed_here += 1
+                if _closed_here % _PROGRESS_EVERY == 0:
+                    _LOG.info("fanin: %d joins closed by this worker", _closed_here)
+                yield obj
+            else:
+                yield pvalue.TaggedOutput(tag, obj)
 
 
 def _arrival_order(record: R.Record) -> tuple[Any, ...]:
@@ -87,30 +101,40 @@ def _arrival_order(record: R.Record) -> tuple[Any, ...]:
     return (record[R.TIME], record[R.KIND] != R.OPEN, record[R.RAW])
 
 
-def _bounded(element: tuple[str, Iterable[R.Record]], catalog: Catalog,
-             max_messages: int) -> Iterator[Any]:
-    """One join of a bounded run. Beyond ``max_messages`` (in event-time order) a record is
-    late if the join closed before its event time, as in the stream, else ``join_too_large``."""
-    _, grouped = element
-    records = list(grouped)
-    overflow: list[R.Record] = []
-    if len(records) > max_messages:
-        records.sort(key=_arrival_order)
-        overflow = records[max_messages:]
-        records = records[:max_messages]
-    closed, rejected = decide_all(records, catalog)
-    yield from _emit(rejected_outputs(rejected, "undefined_join", _UNDEFINED))
-    too_large = overflow
-    if closed is not None:
-        yield from _emit(closed_outputs(closed))
-        too_large = [r for r in overflow if r[R.TIME] <= closed.closed_at]
-        yield from _emit((LATE, late_object(r, late_reason(r[R.TIME], closed.deadline),
-                                            closed.reason))
-                         for r in overflow if r[R.TIME] > closed.closed_at)
-    yield from _emit(rejected_outputs(too_large, "join_too_large", _TOO_LARGE))
+class _CloseGroups(_Counting):
+    """The bounded plan's close step: one join's grouped records -> its outputs."""
+
+    def __init__(self, catalog: Catalog, max_messages: int) -> None:
+        self._catalog = catalog
+        self._max_messages = max_messages
+
+    def process(self, element: tuple[str, Iterable[R.Record]]) -> Iterator[Any]:
+        """Beyond ``max_messages`` (in event-time order) a record is late if the join closed
+        before its event time, as in the stream, else ``join_too_large``."""
+        _, grouped = element
+        records = list(grouped)
+        overflow: list[R.Record] = []
+        if len(records) > self._max_messages:
+            records.sort(key=_arrival_order)
+            overflow = records[self._max_messages:]
+            records = records[:self._max_messages]
+        closed, rejected = decide_all(records, self._catalog)
+        emit = self._emit
+        if rejected:
+            yield from emit(rejected_outputs(rejected, "undefined_join", _UNDEFINED))
+        too_large = overflow
+        if closed is not None:
+            yield from emit(closed_outputs(closed))
+            if overflow:
+                too_large = [r for r in overflow if r[R.TIME] <= closed.closed_at]
+                yield from emit((LATE, late_object(r, late_reason(r[R.TIME], closed.deadline),
+                                                   closed.reason))
+                                for r in overflow if r[R.TIME] > closed.closed_at)
+        if too_large:
+            yield from emit(rejected_outputs(too_large, "join_too_large", _TOO_LARGE))
 
 
-class JoinDoFn(beam.DoFn):
+class JoinDoFn(_Counting):
     """The streaming join: per ``join_id`` state in the global window, event-time timers.
 
     State: ``MSGS`` (bag of the join's records), ``META`` (``(epoch, count, horizon, wake,
@@ -201,10 +225,11 @@ class JoinDoFn(beam.DoFn):
                 meta.write([epoch, 0, horizon, None,
                             [outcome.reason, outcome.closed_at, outcome.deadline, expiry]])
                 self._set(expire_timer, expiry + 1)
-                yield from _emit(closed_outputs(outcome))
+                yield from self._emit(closed_outputs(outcome))
                 return
             if isinstance(outcome, Undefined):
-                yield from _emit(rejected_outputs(outcome.rejected, "undefined_join", _UNDEFINED))
+                yield from self._emit(rejected_outputs(outcome.rejected, "undefined_join",
+                                                       _UNDEFINED))
                 records = outcome.rest
                 self._cache.pop(join_id, None)
                 epoch, count = random.getrandbits(62), len(records)
@@ -234,11 +259,11 @@ class JoinDoFn(beam.DoFn):
         epoch, count, horizon, wake, tomb = value
         if tomb is not None:
             close_reason, _, deadline, _ = tomb
-            yield from _emit([(LATE, late_object(record, late_reason(record[R.TIME], deadline),
-                                                 close_reason))])
+            late = late_object(record, late_reason(record[R.TIME], deadline), close_reason)
+            yield from self._emit([(LATE, late)])
             return
         if count >= self._max_messages:
-            yield from _emit(rejected_outputs([record], "join_too_large", _TOO_LARGE))
+            yield from self._emit(rejected_outputs([record], "join_too_large", _TOO_LARGE))
             return
         cached = self._cache.get(join_id)
         msgs.add(record)
@@ -310,6 +335,6 @@ class JoinRecords(beam.PTransform):
         return (
             keyed
             | "GroupByJoin" >> beam.GroupByKey()
-            | "Close" >> beam.FlatMap(_bounded, self._catalog, self._max_messages).with_outputs(
+            | "Close" >> beam.ParDo(_CloseGroups(self._catalog, self._max_messages)).with_outputs(
                 LATE, DEAD_LETTER, main=CLOSES)
         )

@@ -27,6 +27,7 @@ Choices where SPEC is silent (see docs/semantics.md):
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from types import MappingProxyType
 from typing import Any
 
@@ -61,19 +62,21 @@ from fanin.contracts.timefmt import MAX_MS, format_ms
 
 __all__ = ["JoinReducer"]
 
-_REQ_MISSING, _REQ_UNREPORTED, _CONFLICTS, _KEYENTRY = range(4)
 _NONE = (0, 0, 0, None)
-_REQ_EMPTY = (1, 1, 0, None)
-# Shared read-only empties: most joins never skip, name a contract or prune; a real container
-# replaces the sentinel on first write (fewer allocations = less GC work per join).
+# Shared read-only empties: most joins never skip, retry, name a contract or prune; a real
+# container replaces the sentinel on first write (fewer allocations = less GC work per join).
 _NO_MAP: Any = MappingProxyType({})
-_NO_SET: frozenset[str] = frozenset()
+_NO_SET: frozenset[Any] = frozenset()
 
 
 def _earlier(a: R.Record, b: R.Record) -> bool:
-    """Deterministic "first" among records of identical content."""
-    return (a[TIME], a[MESSAGE_ID] or "", a[RUN_ID] or "", a[RAW]) < \
-        (b[TIME], b[MESSAGE_ID] or "", b[RUN_ID] or "", b[RAW])
+    """Deterministic "first" among records of identical content: (event time, message_id,
+    run_id, text)."""
+    ta, tb = a[TIME], b[TIME]
+    if ta != tb:  # the usual answer, without building the full comparison
+        return ta < tb
+    return (a[MESSAGE_ID] or "", a[RUN_ID] or "", a[RAW]) < \
+        (b[MESSAGE_ID] or "", b[RUN_ID] or "", b[RAW])
 
 
 def _keep_first(mapping: dict[str, R.Record], key: str, record: R.Record) -> bool:
@@ -87,49 +90,76 @@ def _keep_first(mapping: dict[str, R.Record], key: str, record: R.Record) -> boo
     return False
 
 
-class _Branch:
-    """All non-skip receipts of one branch path (a branch with one receipt is just the record).
+class _Changed:
+    """A branch whose top attempt has several distinct contents (``duplicate_changed``).
 
-    ``cand``: content -> first record, at ``max_attempt``; ``lower``: the (attempt, content)
-    groups seen below ``max_attempt`` (created on first need); ``schema``: cached
-    (content, violation or None).
+    ``cand``: content -> the first record of that content, all at the same attempt. A branch
+    with one content at its top attempt is stored as that bare record instead.
     """
 
-    __slots__ = ("cand", "lower", "max_attempt", "schema")
+    __slots__ = ("cand",)
 
-    def __init__(self, attempt: int, content: str, record: R.Record) -> None:
-        self.max_attempt = attempt
-        self.cand: dict[str, R.Record] = {content: record}
-        self.lower: set[tuple[int, str]] | None = None
-        self.schema: tuple[str, str | None] | None = None
+    def __init__(self, cand: dict[str, R.Record]) -> None:
+        self.cand = cand
+
+    @property
+    def attempt(self) -> int:
+        return next(iter(self.cand.values()))[R_ATTEMPT]
+
+
+Entry = R.Record | _Changed
+Contribution = tuple[int, int, int, Any]
 
 
 class JoinReducer:
-    """Order-independent state of one join; see the module docstring for the guarantees."""
+    """Order-independent state of one join; see the module docstring for the guarantees.
 
-    # Class-level defaults: a new join allocates only what it writes (less GC work per join).
-    messages = 0
-    duplicates = 0
-    superseded = 0
-    _first: R.Record | None = None  # the defining open
-    contract_names: dict[str, int] = _NO_MAP
-    min_event: int | None = None
-    min_receipt_opened: int | None = None
-    skips: dict[str, R.Record] = _NO_MAP  # skipped path -> first skip record
-    _defn: Definition | None = None
-    _n_missing = 0
-    _n_unreported = 0
-    _n_conflicts = 0
-    _pruned: set[str] = _NO_SET
-    _contrib: dict[str, tuple[int, int, int, Any]] = _NO_MAP
-    # key -> value canon (one writer) or [writers, {value canon: writers}]
-    _keys: dict[str, Any] = _NO_MAP
-    # canon -> first open record; while a join has one distinct open it is only ``_first``
-    _opens: dict[str, R.Record] = _NO_MAP
+    What is kept: ``branches`` (branch -> its top-attempt entry: the bare first record of its
+    one content, or ``_Changed``), ``skips`` (path -> first skip), the distinct opens, the
+    ``(branch, attempt, content)`` groups below each branch's top attempt, and counters.
+    Each branch's *contribution* ``(missing, unreported, conflicts, (key, value canon) or
+    None)`` is a pure function of the definition, the pruned set and its entry; when one of
+    those changes, the old contribution is taken out of the counters and the new one put in.
+    """
+
+    # Fixed slots (no per-instance dict); containers most joins never need start as shared
+    # read-only sentinels and are created on first write (fewer allocations, less GC work).
+    __slots__ = ("_deadline", "_defn", "_fast", "_first", "_keys", "_lower", "_n_conflicts",
+                 "_n_missing", "_n_unreported", "_opens", "_pruned", "_violations", "branches",
+                 "catalog",
+                 "contract_names", "duplicates", "messages", "min_event", "min_receipt_opened",
+                 "skips", "superseded")
 
     def __init__(self, catalog: Catalog) -> None:
         self.catalog = catalog
-        self.branches: dict[str, _Branch | R.Record] = {}
+        self.branches: dict[str, Entry] = {}
+        self.skips: dict[str, R.Record] = _NO_MAP  # skipped path -> first skip record
+        self.messages = self.duplicates = self.superseded = 0
+        self._first: R.Record | None = None  # the defining open
+        # canon -> first open record; while a join has one distinct open it is only _first
+        self._opens: dict[str, R.Record] = _NO_MAP
+        self.contract_names: set[str] = _NO_SET
+        # earliest event time / receipt opened_at; only kept while no open has arrived (an
+        # open, once there, gives opened_at for good)
+        self.min_event: int | None = None
+        self.min_receipt_opened: int | None = None
+        self._lower: set[tuple[str, int, str]] = _NO_SET  # (branch, attempt, content) groups
+        self._defn: Definition | None = None
+        self._deadline: int | None = None  # cache of deadline(); None: not computed
+        # The counters that decide completeness. While the join is undefined (no required
+        # set) _n_missing and _n_unreported are 1: the unknown required set counts as missing.
+        # _n_conflicts counts every conflict entry of the close, open_conflict and
+        # contract_conflict included, so ``complete`` reads two integers.
+        self._n_missing = self._n_unreported = 1
+        self._n_conflicts = 0
+        self._pruned: set[str] = _NO_SET
+        # key -> value canon (one writer) or [writers, {value canon: writers}]; a dict while
+        # defined
+        self._keys: dict[str, Any] = _NO_MAP
+        # declared branch -> role (1 required, 0 optional) while the join is defined, for the
+        # inline first-receipt path of ``add``; empty otherwise
+        self._fast: Mapping[str, int] = _NO_MAP
+        self._violations: dict[str, str | None] = _NO_MAP  # content -> schema error (cache)
 
     @property
     def opens(self) -> dict[str, R.Record]:
@@ -139,15 +169,6 @@ class JoinReducer:
         return self._opens
 
     # ------------------------------------------------------------------ definition
-    def _reset_derived(self) -> None:
-        self._n_missing = 0
-        self._n_unreported = 0
-        self._n_conflicts = 0
-        self._pruned: set[str] = _NO_SET
-        # explicit contributions; a one-receipt ok branch on the fast path has an implicit one
-        self._contrib: dict[str, tuple[int, int, int, Any]] = _NO_MAP
-        self._keys: dict[str, Any] = _NO_MAP
-
     def defining_open(self) -> R.Record | None:
         return self._first
 
@@ -167,59 +188,69 @@ class JoinReducer:
                                        first[O_FAIL_FAST])
 
     def _redefine(self) -> None:
+        """Adopt the current definition; recount everything derived from it, in O(branches)."""
         defn = self._resolve()
-        previous = self._defn
-        if defn is previous:
+        if defn is self._defn:
             return
         self._defn = defn
-        if previous is not None and previous.required is not None:
-            self._reset_derived()  # derived counters exist only under a defined join
+        self._deadline = None
+        self._pruned = _NO_SET
+        self._fast = _NO_MAP
+        self._violations = _NO_MAP
+        self._n_conflicts = (len(self._opens) > 1) + (len(self.contract_names) > 1)
         if defn.required is None:
+            self._keys = _NO_MAP
+            self._n_missing = self._n_unreported = 1
             return
+        self._keys = {}
         self._n_missing = self._n_unreported = len(defn.required)
-        # every branch's contribution becomes explicit first; then the skips prune
+        self._fast = defn.role
         for name, entry in self.branches.items():
-            self._set_contrib(name, self._contribution(name, entry), self._baseline(name))
+            self._shift(self._contribution(name, None), self._contribution(name, entry))
         for path in self.skips:
             self._apply_skip(path)
 
     @property
     def definition(self) -> Definition:
         if self._defn is None:
-            self._defn = self._resolve()
+            self._redefine()
+            assert self._defn is not None
         return self._defn
 
     # ------------------------------------------------------------------ derived counters
-    def _baseline(self, name: str) -> tuple[int, int, int, Any]:
-        """The contribution of a declared branch with no receipts (required: missing)."""
+    def _contribution(self, name: str, entry: Entry | None) -> Contribution:
+        """What branch ``name`` with ``entry`` (None: no receipt) adds to the counters."""
         defn = self._defn
-        assert defn is not None
-        if defn.role.get(name) == 1 and name not in self._pruned:
-            return _REQ_EMPTY
-        return _NONE
+        assert defn is not None and defn.required is not None
+        required = defn.role.get(name)
+        if required is None or name in self._pruned:  # unknown, or pruned
+            return (0, 0, 1, None) if entry is not None else _NONE
+        if entry is None:
+            return (required, required, 0, None)
+        if type(entry) is _Changed:
+            return (required, required, 1, None)
+        if entry[R_STATUS] != "ok":
+            return (required, 0, 0, None)
+        validator = defn.validators.get(entry[R_KEY]) if defn.validators else None
+        bad = 1 if validator is not None and self._violation(entry, validator) else 0
+        return (0, 0, bad, (entry[R_KEY], entry[R_VALUE_CANON]))
 
-    def _old(self, name: str) -> tuple[int, int, int, Any]:
-        """``name``'s current contribution: explicit, implicit (fast path) or the baseline."""
-        old = self._contrib.get(name)
-        if old is not None:
-            return old
-        entry = self.branches.get(name)
-        defn = self._defn
-        if type(entry) is tuple and defn is not None and entry[R_STATUS] == "ok" and \
-                not defn.validators and defn.role.get(name) is not None and \
-                name not in self._pruned:
-            return (0, 0, 0, (entry[R_KEY], entry[R_VALUE_CANON]))
-        return self._baseline(name)
+    def _violation(self, record: R.Record, validator: Any) -> str | None:
+        """The schema error of an ok value, or None; cached per content."""
+        content = record[R_CONTENT]
+        cache = self._violations
+        if content in cache:
+            return cache[content]
+        error = next(iter(validator.iter_errors(record[R_VALUE])), None)
+        problem = None if error is None else error.message[:500]
+        if cache is _NO_MAP:
+            cache = self._violations = {}
+        cache[content] = problem
+        return problem
 
-    def _set_contrib(self, name: str, new: tuple[int, int, int, Any],
-                     old: tuple[int, int, int, Any] | None = None) -> None:
-        """Replace ``name``'s contribution to the counters."""
-        if old is None:
-            old = self._old(name)
-        if self._contrib is _NO_MAP:
-            self._contrib = {}
+    def _shift(self, old: Contribution, new: Contribution) -> None:
+        """Replace one branch's contribution ``old`` by ``new`` in the counters."""
         if old == new:
-            self._contrib[name] = new
             return
         self._n_missing += new[0] - old[0]
         self._n_unreported += new[1] - old[1]
@@ -229,14 +260,11 @@ class JoinReducer:
                 self._key_entry(old[3], -1)
             if new[3] is not None:
                 self._key_entry(new[3], 1)
-        self._contrib[name] = new
 
     def _key_entry(self, entry: tuple[str, str], delta: int) -> None:
         """Add/remove one writer of ``key = value``; key conflicts count every writer."""
         key, value = entry
         keys = self._keys
-        if keys is _NO_MAP:
-            keys = self._keys = {}
         slot = keys.get(key)
         if slot is None:  # first writer of the key (only added writers are ever removed)
             keys[key] = value
@@ -262,44 +290,7 @@ class JoinReducer:
         after = slot[0] if len(values) > 1 else 0
         self._n_conflicts += after - before
         if not values:
-            del self._keys[key]
-
-    def _contribution(self, name: str, branch: _Branch | R.Record | None
-                      ) -> tuple[int, int, int, Any]:
-        defn = self._defn
-        assert defn is not None and defn.required is not None
-        required = defn.role.get(name)
-        if required is None or name in self._pruned:  # unknown, or pruned
-            return (0, 0, 1, None) if branch is not None else _NONE
-        if branch is None:
-            return (required, required, 0, None)
-        cand = _candidates(branch)
-        if len(cand) > 1:
-            return (required, required, 1, None)
-        for content, record in cand.items():
-            if record[R_STATUS] != "ok":
-                return (required, 0, 0, None)
-            validator = defn.validators.get(record[R_KEY]) if defn.validators else None
-            bad = 1 if validator is not None and \
-                self._violation(branch, content, record, validator) else 0
-            return (0, 0, bad, (record[R_KEY], record[R_VALUE_CANON]))
-        raise AssertionError("a branch always has a candidate")
-
-    @staticmethod
-    def _violation(branch: _Branch | R.Record, content: str, record: R.Record, validator: Any
-                   ) -> str | None:
-        """The schema error of an ok value, or None; cached on a ``_Branch``."""
-        if type(branch) is _Branch and branch.schema is not None and \
-                branch.schema[0] == content:
-            return branch.schema[1]
-        error = next(iter(validator.iter_errors(record[R_VALUE])), None)
-        problem = None if error is None else error.message[:500]
-        if type(branch) is _Branch:
-            branch.schema = (content, problem)
-        return problem
-
-    def _update(self, name: str) -> None:
-        self._set_contrib(name, self._contribution(name, self.branches.get(name)))
+            del keys[key]
 
     def _apply_skip(self, path: str) -> None:
         """Prune what a (first) skip of ``path`` covers, under the current definition."""
@@ -311,38 +302,27 @@ class JoinReducer:
             return
         for name in covered:
             if name not in self._pruned:
-                self._materialize(name)
+                entry = self.branches.get(name)
+                old = self._contribution(name, entry)
                 if self._pruned is _NO_SET:
                     self._pruned = set()
                 self._pruned.add(name)
-                self._update(name)
-
-    def _materialize(self, name: str) -> None:
-        """Store ``name``'s implicit contribution before what it depends on changes."""
-        if self._defn is not None and self._defn.required is not None and \
-                name not in self._contrib:
-            if self._contrib is _NO_MAP:
-                self._contrib = {}
-            self._contrib[name] = self._old(name)
+                self._shift(old, self._contribution(name, entry))
 
     # ------------------------------------------------------------------ folding
     def add(self, record: R.Record) -> None:
         """Fold one validated record into the join (any order)."""
         self.messages += 1
-        t = record[TIME]
-        min_event = self.min_event
-        if min_event is None or t < min_event:
-            self.min_event = t
         contract = record[CONTRACT]
-        redefine = contract is not None and self._note_contract(contract)
+        new_contract = contract is not None and contract not in self.contract_names
+        if new_contract:
+            self._add_contract(contract)
         if record[KIND] == OPEN:
-            self._add_open(record, t, redefine)
+            self._add_open(record, new_contract)
             return
-        opened = record[R_OPENED_AT]
-        if opened is not None and (self.min_receipt_opened is None or
-                                   opened < self.min_receipt_opened):
-            self.min_receipt_opened = opened
-        if redefine:
+        if self._first is None:
+            self._note_times(record)
+        if new_contract:
             self._redefine()
         status = record[R_STATUS]
         if status == "skipped":
@@ -350,48 +330,64 @@ class JoinReducer:
             return
         name = record[R_BRANCH]
         branches = self.branches
-        branch = branches.get(name)
-        if branch is not None:
-            self._add_receipt(record, name, branch)
+        entry = branches.get(name)
+        if entry is not None:
+            self._add_receipt(record, name, entry)
             return
-        # the first receipt of a branch: the most common message of all
+        # the first receipt of a branch: the most common message of all. A declared, unpruned
+        # branch's contribution is applied inline (what _shift would do), unless its key has a
+        # schema to check.
         branches[name] = record
+        role = self._fast.get(name)
+        if role is not None and name not in self._pruned:
+            if status != "ok":  # error or timeout: reported, not ok
+                self._n_unreported -= role
+                return
+            key = record[R_KEY]
+            if key not in self._defn.validators:  # type: ignore[union-attr]
+                self._n_missing -= role
+                self._n_unreported -= role
+                keys = self._keys
+                if key in keys:
+                    self._key_entry((key, record[R_VALUE_CANON]), 1)
+                else:
+                    keys[key] = record[R_VALUE_CANON]
+                return
         defn = self._defn
-        if defn is None or defn.required is None:
-            return
-        role = defn.role.get(name)
-        if role is None or status != "ok" or defn.validators or name in self._pruned:
-            self._set_contrib(name, self._contribution(name, record), self._baseline(name))
-            return
-        # ok, declared, unpruned, no schemas: the contribution stays implicit (see _old)
-        if role:
-            self._n_missing -= 1
-            self._n_unreported -= 1
-        key = record[R_KEY]
-        keys = self._keys
-        if keys is _NO_MAP:
-            keys = self._keys = {}
-        if key in keys:
-            self._key_entry((key, record[R_VALUE_CANON]), 1)
-        else:  # the first writer of the key (what _key_entry does, without the call)
-            keys[key] = record[R_VALUE_CANON]
+        if defn is not None and defn.required is not None:
+            self._shift(self._contribution(name, None), self._contribution(name, record))
 
-    def _note_contract(self, contract: str) -> bool:
-        """Count a contract name; True when it is new (the definition may change)."""
-        count = self.contract_names.get(contract, 0)
-        if self.contract_names is _NO_MAP:
-            self.contract_names = {}
-        self.contract_names[contract] = count + 1
-        return count == 0
+    def _note_times(self, record: R.Record) -> None:
+        """Keep the earliest event time and receipt opened_at (while no open has arrived)."""
+        t = record[TIME]
+        if self.min_event is None or t < self.min_event:
+            self.min_event = t
+            self._deadline = None
+        opened = record[R_OPENED_AT]
+        if opened is not None and (self.min_receipt_opened is None or
+                                   opened < self.min_receipt_opened):
+            self.min_receipt_opened = opened
+            self._deadline = None
 
-    def _add_open(self, record: R.Record, t: int, redefine: bool) -> None:
-        if self._first is None and self._defn is None and not self.branches and \
-                self.skips is _NO_MAP:
+    def _add_contract(self, contract: str) -> None:
+        """Note a contract name not seen before (the caller redefines the join)."""
+        if self.contract_names is _NO_SET:
+            self.contract_names = set()
+        self.contract_names.add(contract)
+        if len(self.contract_names) == 2:
+            self._n_conflicts += 1  # contract_conflict
+
+    def _add_open(self, record: R.Record, redefine: bool) -> None:
+        if self.messages == 1:
             # a fresh join's open (the usual first message): define it without the general path
             self._first = record
-            defn = self._defn = self._resolve()
+            defn = self._defn = self.catalog.definition(
+                record[CONTRACT], record[O_REQUIRED], record[O_OPTIONAL], record[O_DEADLINE_MS],
+                record[O_ALLOW_PARTIAL], record[O_FAIL_FAST])
             if defn.required is not None:
                 self._n_missing = self._n_unreported = len(defn.required)
+                self._keys = {}
+                self._fast = defn.role
             return
         canon = record[O_CANON]
         if self._opens is _NO_MAP:
@@ -399,9 +395,12 @@ class JoinReducer:
         seen = self._opens.get(canon)
         if seen is None:
             self._opens[canon] = record
+            if len(self._opens) == 2:
+                self._n_conflicts += 1  # open_conflict
             first = self._first
-            if first is None or (t, canon) < (first[TIME], first[O_CANON]):
+            if first is None or (record[TIME], canon) < (first[TIME], first[O_CANON]):
                 self._first = record
+                self._deadline = None
             redefine = True
         else:
             self.duplicates += 1
@@ -423,48 +422,59 @@ class JoinReducer:
         if defn is not None and defn.required is not None:
             self._apply_skip(path)
 
-    def _add_receipt(self, record: R.Record, name: str, branch: _Branch | R.Record) -> None:
+    def _add_receipt(self, record: R.Record, name: str, entry: Entry) -> None:
         """A further receipt of a branch that has one already."""
         attempt = record[R_ATTEMPT]
         content = record[R_CONTENT]
-        branches = self.branches
-        defn = self._defn
-        defined = defn is not None and defn.required is not None
-        if type(branch) is tuple:
-            if attempt == branch[R_ATTEMPT] and content == branch[R_CONTENT]:
-                self.duplicates += 1  # a redelivery: nothing else changes
-                if _earlier(record, branch):
-                    branches[name] = record
-                return
-            # a different second receipt: keep the aggregate from now on
-            self._materialize(name)
-            branch = branches[name] = _Branch(branch[R_ATTEMPT], branch[R_CONTENT], branch)
-        if attempt == branch.max_attempt:
-            if not _keep_first(branch.cand, content, record):
-                self.duplicates += 1
-                return
-        elif attempt > branch.max_attempt:
-            lower = branch.lower
-            if lower is None:
-                lower = branch.lower = set()
-            for old in branch.cand:
-                lower.add((branch.max_attempt, old))
-            self.superseded += len(branch.cand)
-            branch.max_attempt = attempt
-            branch.cand = {content: record}
-        else:
-            group = (attempt, content)
-            if branch.lower is None:
-                branch.lower = {group}
-            elif group in branch.lower:
-                self.duplicates += 1
-                return
+        if type(entry) is tuple:
+            top = entry[R_ATTEMPT]
+            if attempt == top:
+                if content == entry[R_CONTENT]:
+                    self.duplicates += 1  # a redelivery: the contribution does not change
+                    if _earlier(record, entry):
+                        self.branches[name] = record
+                    return
+                new: Entry = _Changed({entry[R_CONTENT]: entry, content: record})
+            elif attempt > top:
+                self._supersede(name, top, entry[R_CONTENT])
+                new = record
             else:
-                branch.lower.add(group)
-            self.superseded += 1
+                self._add_lower(name, attempt, content)
+                return
+        else:
+            top = entry.attempt
+            if attempt == top:  # one more content, or a copy of one: still duplicate_changed
+                if not _keep_first(entry.cand, content, record):
+                    self.duplicates += 1
+                return
+            if attempt < top:
+                self._add_lower(name, attempt, content)
+                return
+            for old_content in entry.cand:
+                self._supersede(name, top, old_content)
+            new = record
+        self.branches[name] = new
+        defn = self._defn
+        if defn is not None and defn.required is not None:
+            self._shift(self._contribution(name, entry), self._contribution(name, new))
+
+    def _supersede(self, name: str, attempt: int, content: str) -> None:
+        """A group at the former top attempt is now below it."""
+        if self._lower is _NO_SET:
+            self._lower = set()
+        self._lower.add((name, attempt, content))
+        self.superseded += 1
+
+    def _add_lower(self, name: str, attempt: int, content: str) -> None:
+        """A receipt below the top attempt: a new superseded group, or a duplicate of one."""
+        group = (name, attempt, content)
+        if group in self._lower:
+            self.duplicates += 1
             return
-        if defined:
-            self._set_contrib(name, self._contribution(name, branch))
+        if self._lower is _NO_SET:
+            self._lower = set()
+        self._lower.add(group)
+        self.superseded += 1
 
     # ------------------------------------------------------------------ questions
     def is_empty(self) -> bool:
@@ -474,24 +484,22 @@ class JoinReducer:
         return self.definition.required is not None
 
     def conflict_count(self) -> int:
-        return self._n_conflicts + (len(self._opens) > 1) + (len(self.contract_names) > 1)
+        """How many conflict entries the close would list."""
+        return self._n_conflicts
 
     def complete(self) -> bool:
         """Every required, unpruned branch has a current ok receipt, and no conflicts."""
-        defn = self._defn
-        if defn is None:
-            defn = self.definition
-        return (defn.required is not None and self._n_missing == 0 and self._n_conflicts == 0
-                and len(self._opens) < 2 and len(self.contract_names) < 2)
+        return self._n_missing == 0 and self._n_conflicts == 0
 
     def all_reported(self) -> bool:
         """Every required, unpruned branch has a current receipt (the fail_fast condition)."""
-        return self.defined() and self._n_unreported == 0
+        return self._n_unreported == 0
 
     def closable(self) -> bool:
-        if not self.defined():
-            return False
-        return self.complete() or (self.definition.fail_fast and self.all_reported())
+        """Complete, or with ``fail_fast`` all reported: the join may close now."""
+        if self._n_missing == 0 and self._n_conflicts == 0:
+            return True
+        return self._n_unreported == 0 and self.definition.fail_fast
 
     def opened_at(self) -> int | None:
         first = self.defining_open()
@@ -502,22 +510,33 @@ class JoinReducer:
         return self.min_event
 
     def deadline(self) -> int | None:
-        opened = self.opened_at()
-        # D is capped at the last instant of year 9999 (the latest time the outputs can show)
-        return None if opened is None else min(opened + self.definition.deadline_ms, MAX_MS)
+        """``D = opened_at + deadline_s``; None while the join has no records."""
+        deadline = self._deadline
+        if deadline is None:
+            opened = self.opened_at()
+            if opened is None:
+                return None
+            # capped at the last instant of year 9999 (the latest time the outputs can show)
+            deadline = self._deadline = min(opened + self.definition.deadline_ms, MAX_MS)
+        return deadline
 
     def run_id(self) -> str | None:
-        first = self.defining_open()
+        """The defining open's run_id, else the least run_id of the records kept."""
+        first = self._first
         if first is not None and first[RUN_ID] is not None:
             return first[RUN_ID]
-        ids = [r[RUN_ID] for r in self._all_records() if r[RUN_ID] is not None]
+        ids = [r[RUN_ID] for r in self._kept_records() if r[RUN_ID] is not None]
         return min(ids) if ids else None
 
-    def _all_records(self) -> list[R.Record]:
-        out = list(self.opens.values()) + list(self.skips.values())
-        for branch in self.branches.values():
-            out.extend(_candidates(branch).values())
-        return out
+    def _kept_records(self) -> Iterator[R.Record]:
+        """The distinct opens, first skips and top-attempt candidates (what a close shows)."""
+        yield from self.opens.values()
+        yield from self.skips.values()
+        for entry in self.branches.values():
+            if type(entry) is _Changed:
+                yield from entry.cand.values()
+            else:
+                yield entry
 
     def reason(self) -> str:
         if self.complete():
@@ -528,67 +547,47 @@ class JoinReducer:
     def close(self, closed_at: int, reason: str) -> dict[str, Any]:
         """The close object of SPEC §5 for the records folded so far."""
         defn = self.definition
-        assert defn.required is not None, "an undefined join has no close"
-        required, pruned = defn.required, self._pruned
+        required = defn.required
+        assert required is not None, "an undefined join has no close"
+        pruned, role, validators = self._pruned, defn.role, defn.validators
         branches_out: dict[str, Any] = {}
         conflicts: list[dict[str, Any]] = []
-        missing, failed = [], []
+        # key -> [(branch, value canon, value)] of current ok receipts
         writers: dict[str, list[tuple[str, str, Any]]] = {}
-        role = defn.role
-        for name, branch in self.branches.items():
-            if type(branch) is tuple:  # one receipt: the common case
-                record, content, several = branch, branch[R_CONTENT], False
-            else:
-                several = len(branch.cand) > 1
-                content, record = next(iter(branch.cand.items()))
-            if name not in role or name in pruned or several:
-                kind = "unknown_branch" if name not in role else \
-                    "pruned_branch_reported" if name in pruned else "duplicate_changed"
-                cand = _candidates(branch)
-                entry = {"kind": kind, "branch": name,
-                         "key": min(r[R_KEY] for r in cand.values())}
-                if kind == "duplicate_changed":
-                    entry["attempt"] = record[R_ATTEMPT]
-                conflicts.append(entry)
+        for name, record in self.branches.items():
+            if type(record) is _Changed or name not in role or name in pruned:
+                conflicts.append(_branch_conflict(name, record, role, pruned))
                 continue
-            branches_out[name] = _receipt_view(record)
-            if record[R_STATUS] == "ok":
-                validator = defn.validators.get(record[R_KEY])
-                problem = validator and self._violation(branch, content, record, validator)
+            status, key = record[R_STATUS], record[R_KEY]
+            branches_out[name] = {"status": status, "key": key, "attempt": record[R_ATTEMPT],
+                                  "event_time": format_ms(record[TIME]),
+                                  "value": record[R_VALUE], "error": record[R_ERROR]}
+            if status == "ok":
+                validator = validators.get(key) if validators else None
+                problem = validator and self._violation(record, validator)
                 if problem:
-                    conflicts.append({"kind": "schema_violation", "branch": name,
-                                      "key": record[R_KEY], "detail": problem})
-                writers.setdefault(record[R_KEY], []).append(
-                    (name, record[R_VALUE_CANON], record[R_VALUE]))
+                    conflicts.append({"kind": "schema_violation", "branch": name, "key": key,
+                                      "detail": problem})
+                entry = (name, record[R_VALUE_CANON], record[R_VALUE])
+                same_key = writers.get(key)
+                if same_key is None:
+                    writers[key] = [entry]
+                else:
+                    same_key.append(entry)
         for path, record in self.skips.items():
             if defn.under.get(path):
                 branches_out[path] = _receipt_view(record)
             else:
                 conflicts.append({"kind": "unknown_branch", "branch": path,
                                   "key": record[R_KEY]})
-        values: dict[str, Any] = {}
-        conflicted_branches = {c["branch"] for c in conflicts}
-        for key, entries in writers.items():
-            if len(entries) == 1:  # one writer: its value, unless its branch is in conflict
-                name, _, value = entries[0]
-                if name not in conflicted_branches:
-                    values[key] = value
-                continue
-            if len({canon for _, canon, _ in entries}) > 1:
-                for name, _, value in entries:
-                    conflicts.append({"kind": "key_conflict", "branch": name, "key": key,
-                                      "value": value})
-            else:
-                clean = [(name, value) for name, _, value in entries
-                         if name not in conflicted_branches]
-                if clean:  # JSON-equal values: the least branch's spelling (1 or 1.0)
-                    values[key] = min(clean, key=lambda item: item[0])[1]
-        if len(self.opens) > 1:
+        values = self._values(writers, conflicts)
+        if len(self._opens) > 1:
             conflicts.append({"kind": "open_conflict", "branch": None, "key": None,
-                              "count": len(self.opens)})
+                              "count": len(self._opens)})
         if len(self.contract_names) > 1:
             conflicts.append({"kind": "contract_conflict", "branch": None, "key": None,
                               "contracts": sorted(self.contract_names)})
+        missing, failed = [], []
         for name in (defn.required_sorted if not pruned else sorted(required - pruned)):
             view = branches_out.get(name)
             if view is None:
@@ -596,17 +595,16 @@ class JoinReducer:
             elif view["status"] in ("error", "timeout"):
                 failed.append(name)
         if len(conflicts) > 1:
-            conflicts.sort(key=lambda c: (c["kind"], c["branch"] or "", c["key"] or ""))
+            conflicts.sort(key=_conflict_order)
         opened = self.opened_at()
         assert opened is not None
-        deadline = min(opened + defn.deadline_ms, MAX_MS)
         return {
             "join_id": self._join_id(),
             "contract": defn.contract,
             "run_id": self.run_id(),
             "reason": reason,
             "opened_at": format_ms(opened),
-            "deadline": format_ms(deadline),
+            "deadline": format_ms(self.deadline()),  # type: ignore[arg-type]
             "closed_at": format_ms(closed_at),
             "latency_ms": closed_at - opened,
             "required": list(defn.required_sorted),
@@ -614,7 +612,7 @@ class JoinReducer:
             "pruned": sorted(pruned),
             "missing": missing,
             "failed": failed,
-            "values": dict(sorted(values.items())),
+            "values": dict(sorted(values.items())) if len(values) > 1 else values,
             "branches": dict(sorted(branches_out.items())),
             "conflicts": conflicts,
             "counts": {"messages": self.messages,
@@ -622,19 +620,57 @@ class JoinReducer:
                        "superseded": self.superseded},
         }
 
+    @staticmethod
+    def _values(writers: dict[str, list[tuple[str, str, Any]]],
+                conflicts: list[dict[str, Any]]) -> dict[str, Any]:
+        """``values`` of the close; appends the key conflicts to ``conflicts``."""
+        values: dict[str, Any] = {}
+        conflicted = {c["branch"] for c in conflicts} if conflicts else _NO_SET
+        for key, entries in writers.items():
+            if len(entries) == 1:  # one writer: its value, unless its branch is in conflict
+                name, _, value = entries[0]
+                if name not in conflicted:
+                    values[key] = value
+                continue
+            if len({canon for _, canon, _ in entries}) > 1:
+                for name, _, value in entries:
+                    conflicts.append({"kind": "key_conflict", "branch": name, "key": key,
+                                      "value": value})
+            else:
+                clean = [(name, value) for name, _, value in entries if name not in conflicted]
+                if clean:  # JSON-equal values: the least branch's spelling (1 or 1.0)
+                    values[key] = min(clean, key=lambda item: item[0])[1]
+        return values
+
     def _join_id(self) -> str:
-        for records in (self.opens.values(), self.skips.values(), self.branches.values()):
-            for record in records:  # every record of a join carries its join_id
-                return (record if type(record) is tuple else
-                        next(iter(record.cand.values())))[JOIN_ID]
+        if self._first is not None:
+            return self._first[JOIN_ID]
+        for record in self._kept_records():  # every record of a join carries its join_id
+            return record[JOIN_ID]
         raise ValueError("empty join")
 
 
-def _candidates(branch: _Branch | R.Record) -> dict[str, R.Record]:
+def _branch_conflict(name: str, entry: Entry, role: Mapping[str, int],
+                     pruned: set[str]) -> dict[str, Any]:
+    """The conflict entry of a branch with no current receipt to show."""
+    cand = _candidates(entry)
+    kind = "unknown_branch" if name not in role else \
+        "pruned_branch_reported" if name in pruned else "duplicate_changed"
+    conflict = {"kind": kind, "branch": name, "key": min(r[R_KEY] for r in cand.values())}
+    if kind == "duplicate_changed":
+        conflict["attempt"] = next(iter(cand.values()))[R_ATTEMPT]
+    return conflict
+
+
+def _conflict_order(conflict: dict[str, Any]) -> tuple[str, str, str]:
+    return (conflict["kind"], conflict["branch"] or "", conflict["key"] or "")
+
+
+def _candidates(entry: Entry) -> dict[str, R.Record]:
     """content -> record at the top attempt, for either form of a branch entry."""
-    if type(branch) is _Branch:
-        return branch.cand
-    return {branch[R_CONTENT]: branch}
+    if type(entry) is _Changed:
+        return entry.cand
+    return {entry[R_CONTENT]: entry}
 
 
 def _receipt_view(record: R.Record) -> dict[str, Any]:
