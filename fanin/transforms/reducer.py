@@ -153,11 +153,12 @@ class JoinReducer:
         self._n_missing = self._n_unreported = 1
         self._n_conflicts = 0
         self._pruned: set[str] = _NO_SET
-        # key -> value canon (one writer) or [writers, {value canon: writers}]; a dict while
-        # defined
+        # key -> value canon (one writer) or [writers, {value canon: writers}], for key
+        # conflicts. Left empty (the shared sentinel) while every key written is its writer's own
+        # branch name: such keys cannot collide. Built by _build_keys at the first other key.
         self._keys: dict[str, Any] = _NO_MAP
-        # declared branch -> role (1 required, 0 optional) while the join is defined, for the
-        # inline first-receipt path of ``add``; empty otherwise
+        # declared, unpruned branch -> role (1 required, 0 optional) while the join is
+        # defined, for the inline first-receipt path of ``add``; empty otherwise
         self._fast: Mapping[str, int] = _NO_MAP
         self._violations: dict[str, str | None] = _NO_MAP  # content -> schema error (cache)
 
@@ -198,15 +199,18 @@ class JoinReducer:
         self._fast = _NO_MAP
         self._violations = _NO_MAP
         self._n_conflicts = (len(self._opens) > 1) + (len(self.contract_names) > 1)
+        self._keys = _NO_MAP
         if defn.required is None:
-            self._keys = _NO_MAP
             self._n_missing = self._n_unreported = 1
             return
-        self._keys = {}
         self._n_missing = self._n_unreported = len(defn.required)
         self._fast = defn.role
-        for name, entry in self.branches.items():
-            self._shift(self._contribution(name, None), self._contribution(name, entry))
+        shifts = [(name, self._contribution(name, None), self._contribution(name, entry))
+                  for name, entry in self.branches.items()]
+        if any(new[3] is not None and new[3][0] != name for name, _, new in shifts):
+            self._keys = {}  # built up by the shifts below
+        for name, old, new in shifts:
+            self._shift(name, old, new)
         for path in self.skips:
             self._apply_skip(path)
 
@@ -248,18 +252,34 @@ class JoinReducer:
         cache[content] = problem
         return problem
 
-    def _shift(self, old: Contribution, new: Contribution) -> None:
-        """Replace one branch's contribution ``old`` by ``new`` in the counters."""
+    def _shift(self, name: str, old: Contribution, new: Contribution) -> None:
+        """Replace branch ``name``'s contribution ``old`` by ``new`` in the counters."""
         if old == new:
             return
         self._n_missing += new[0] - old[0]
         self._n_unreported += new[1] - old[1]
         self._n_conflicts += new[2] - old[2]
-        if old[3] != new[3]:
-            if old[3] is not None:
-                self._key_entry(old[3], -1)
-            if new[3] is not None:
-                self._key_entry(new[3], 1)
+        was, now = old[3], new[3]
+        if was != now:
+            if self._keys is _NO_MAP:
+                if (was is None or was[0] == name) and (now is None or now[0] == name):
+                    return  # own keys only: nothing to track
+                self._build_keys(name, was)
+            if was is not None:
+                self._key_entry(was, -1)
+            if now is not None:
+                self._key_entry(now, 1)
+
+    def _build_keys(self, name: str, entry: tuple[str, str] | None) -> dict[str, Any]:
+        """Build the key map from the contributions in the counters (all own keys, so all
+        distinct); ``entry`` is ``name``'s, whose branch entry may already be its next one."""
+        keys: dict[str, Any] = {}
+        for other, branch in self.branches.items():
+            written = entry if other == name else self._contribution(other, branch)[3]
+            if written is not None:
+                keys[written[0]] = written[1]
+        self._keys = keys
+        return keys
 
     def _key_entry(self, entry: tuple[str, str], delta: int) -> None:
         """Add/remove one writer of ``key = value``; key conflicts count every writer."""
@@ -306,24 +326,20 @@ class JoinReducer:
                 old = self._contribution(name, entry)
                 if self._pruned is _NO_SET:
                     self._pruned = set()
+                    self._fast = dict(self._fast)  # the definition's map is shared
                 self._pruned.add(name)
-                self._shift(old, self._contribution(name, entry))
+                self._fast.pop(name, None)
+                self._shift(name, old, self._contribution(name, entry))
 
     # ------------------------------------------------------------------ folding
     def add(self, record: R.Record) -> None:
         """Fold one validated record into the join (any order)."""
         self.messages += 1
-        contract = record[CONTRACT]
-        new_contract = contract is not None and contract not in self.contract_names
-        if new_contract:
-            self._add_contract(contract)
         if record[KIND] == OPEN:
-            self._add_open(record, new_contract)
+            self._add_open(record)
             return
-        if self._first is None:
-            self._note_times(record)
-        if new_contract:
-            self._redefine()
+        if self._first is None or record[CONTRACT] is not None:
+            self._note_receipt(record)
         status = record[R_STATUS]
         if status == "skipped":
             self._add_skip(record)
@@ -339,7 +355,7 @@ class JoinReducer:
         # schema to check.
         branches[name] = record
         role = self._fast.get(name)
-        if role is not None and name not in self._pruned:
+        if role is not None:
             if status != "ok":  # error or timeout: reported, not ok
                 self._n_unreported -= role
                 return
@@ -348,6 +364,10 @@ class JoinReducer:
                 self._n_missing -= role
                 self._n_unreported -= role
                 keys = self._keys
+                if keys is _NO_MAP:
+                    if key == name:
+                        return  # its own key: cannot collide while all keys are own keys
+                    keys = self._build_keys(name, None)
                 if key in keys:
                     self._key_entry((key, record[R_VALUE_CANON]), 1)
                 else:
@@ -355,19 +375,25 @@ class JoinReducer:
                 return
         defn = self._defn
         if defn is not None and defn.required is not None:
-            self._shift(self._contribution(name, None), self._contribution(name, record))
+            self._shift(name, self._contribution(name, None), self._contribution(name, record))
 
-    def _note_times(self, record: R.Record) -> None:
-        """Keep the earliest event time and receipt opened_at (while no open has arrived)."""
-        t = record[TIME]
-        if self.min_event is None or t < self.min_event:
-            self.min_event = t
-            self._deadline = None
-        opened = record[R_OPENED_AT]
-        if opened is not None and (self.min_receipt_opened is None or
-                                   opened < self.min_receipt_opened):
-            self.min_receipt_opened = opened
-            self._deadline = None
+    def _note_receipt(self, record: R.Record) -> None:
+        """What a receipt says of the join besides its branch: while no open has arrived, the
+        earliest event time and opened_at; a contract name not seen before redefines it."""
+        if self._first is None:
+            t = record[TIME]
+            if self.min_event is None or t < self.min_event:
+                self.min_event = t
+                self._deadline = None
+            opened = record[R_OPENED_AT]
+            if opened is not None and (self.min_receipt_opened is None or
+                                       opened < self.min_receipt_opened):
+                self.min_receipt_opened = opened
+                self._deadline = None
+        contract = record[CONTRACT]
+        if contract is not None and contract not in self.contract_names:
+            self._add_contract(contract)
+            self._redefine()
 
     def _add_contract(self, contract: str) -> None:
         """Note a contract name not seen before (the caller redefines the join)."""
@@ -377,7 +403,11 @@ class JoinReducer:
         if len(self.contract_names) == 2:
             self._n_conflicts += 1  # contract_conflict
 
-    def _add_open(self, record: R.Record, redefine: bool) -> None:
+    def _add_open(self, record: R.Record) -> None:
+        contract = record[CONTRACT]
+        redefine = contract is not None and contract not in self.contract_names
+        if redefine:
+            self._add_contract(contract)
         if self.messages == 1:
             # a fresh join's open (the usual first message): define it without the general path
             self._first = record
@@ -386,7 +416,6 @@ class JoinReducer:
                 record[O_ALLOW_PARTIAL], record[O_FAIL_FAST])
             if defn.required is not None:
                 self._n_missing = self._n_unreported = len(defn.required)
-                self._keys = {}
                 self._fast = defn.role
             return
         canon = record[O_CANON]
@@ -456,7 +485,7 @@ class JoinReducer:
         self.branches[name] = new
         defn = self._defn
         if defn is not None and defn.required is not None:
-            self._shift(self._contribution(name, entry), self._contribution(name, new))
+            self._shift(name, self._contribution(name, entry), self._contribution(name, new))
 
     def _supersede(self, name: str, attempt: int, content: str) -> None:
         """A group at the former top attempt is now below it."""
