@@ -7,6 +7,9 @@ temporary file never has an output's suffix, so tools that read ``*.jsonl`` / ``
 skip it). Local paths are fsynced (file and folder) before and after the rename; other Beam
 filesystems (``gs://...``) are written through ``FileSystems`` (create, then rename). On error
 the temporary file is removed and the error re-raised.
+
+``atomic_move(source, path)`` puts a complete file written earlier (by ``atomic_write``) in
+place under the name ``path`` with one rename, with the same guarantees.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["atomic_write"]
+__all__ = ["atomic_move", "atomic_write"]
 
 
 def atomic_write(path: str | os.PathLike[str], write: Callable[[BinaryIO], None]) -> None:
@@ -38,11 +41,28 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[BinaryIO], None]
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    folder = os.open(target.parent, os.O_RDONLY)
+    _sync_folder(target.parent)
+
+
+def atomic_move(source: str, path: str) -> None:
+    """Rename ``source`` (a complete file, e.g. from ``atomic_write``) onto ``path``."""
+    if "://" in path:
+        from apache_beam.io.filesystems import FileSystems
+
+        if FileSystems.exists(path):
+            FileSystems.delete([path])
+        FileSystems.rename([source], [path])
+        return
+    os.replace(source, path)
+    _sync_folder(Path(path).parent)
+
+
+def _sync_folder(folder: Path) -> None:
+    handle = os.open(folder, os.O_RDONLY)
     try:
-        os.fsync(folder)
+        os.fsync(handle)
     finally:
-        os.close(folder)
+        os.close(handle)
 
 
 def _remote(name: str, tmp: str, write: Callable[[BinaryIO], None]) -> None:

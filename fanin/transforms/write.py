@@ -6,6 +6,13 @@ Guarantees:
   so a crash never leaves a half-written file that looks complete; a retried bundle rewrites
   the same name with the same content.
 - Lines within a file are sorted, so the same input gives byte-identical files.
+- Bounded: two phases, the way Beam's own file sinks write. Each bundle encodes its objects,
+  sorts them per shard and writes them to hidden temporary files
+  (``.<kind>-<run token>-s<shard>-<random>.tmp-lines``, never an output's suffix, written
+  like every output file); one finalize step merges each shard's temporary files into
+  ``<kind>-all-p0000-s<shard>`` (a shard's single JSONL file is renamed into place) and then
+  deletes every temporary file of the run, also those of bundle attempts that failed. No
+  output line crosses a shuffle.
 - Streaming: outputs are grouped in fixed event-time windows (``window_s``); a window's file is
   written when the watermark passes its end, and late outputs (a late record's event time is
   behind the watermark) produce a further pane file instead of being dropped: allowed lateness
@@ -16,18 +23,21 @@ Guarantees:
 from __future__ import annotations
 
 import json
+import uuid
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import apache_beam as beam
 import orjson
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.transforms import trigger, window
+from apache_beam.transforms.window import GlobalWindows
 from apache_beam.utils.timestamp import Duration
+from apache_beam.utils.windowed_value import WindowedValue
 
 from fanin.contracts.timefmt import format_ms
-from fanin.io.files import atomic_write
+from fanin.io.files import atomic_move, atomic_write
 
 __all__ = ["FORMATS", "WriteOutput"]
 
@@ -42,7 +52,25 @@ def _window_label(win: Any) -> str:
     return "all"
 
 
+def _write_shard(folder: str, kind: str, formats: Sequence[str], base: str,
+                 ordered: list[str]) -> list[str]:
+    """Write one shard's sorted lines as ``base.jsonl`` and/or Parquet; the paths written."""
+    written = []
+    if "jsonl" in formats:
+        path = FileSystems.join(folder, base + ".jsonl")
+        data = ("\n".join(ordered) + "\n").encode("utf-8")
+        atomic_write(path, lambda handle: handle.write(data))
+        written.append(path)
+    if "parquet" in formats:
+        from fanin.analysis.tables import write_parquet
+
+        written.extend(write_parquet(kind, [json.loads(x) for x in ordered], folder, base))
+    return written
+
+
 class _WriteFiles(beam.DoFn):
+    """Streaming: one file set per window, pane and shard."""
+
     def __init__(self, folder: str, kind: str, formats: Sequence[str]) -> None:
         self._folder = folder
         self._kind = kind
@@ -55,18 +83,73 @@ class _WriteFiles(beam.DoFn):
         if not ordered:
             return
         base = f"{self._kind}-{_window_label(win)}-p{pane.index:04d}-s{shard:03d}"
-        written = []
-        if "jsonl" in self._formats:
-            path = FileSystems.join(self._folder, base + ".jsonl")
-            data = ("\n".join(ordered) + "\n").encode("utf-8")
-            atomic_write(path, lambda handle: handle.write(data))
-            written.append(path)
-        if "parquet" in self._formats:
-            from fanin.analysis.tables import write_parquet
+        yield from _write_shard(self._folder, self._kind, self._formats, base, ordered)
 
-            written.extend(write_parquet(self._kind, [json.loads(x) for x in ordered],
-                                         self._folder, base))
-        yield from written
+
+class _SpillBundles(beam.DoFn):
+    """Bounded, first phase: a bundle's lines, encoded and sorted per shard, go to temporary
+    files; outputs ``(0, (shard, temporary path))`` once the bundle's files are complete."""
+
+    def __init__(self, folder: str, kind: str, shards: int, token: str) -> None:
+        self._folder, self._kind, self._shards, self._token = folder, kind, shards, token
+
+    def start_bundle(self) -> None:
+        self._lines: dict[int, list[str]] = {}
+
+    def process(self, obj: dict[str, Any]) -> None:
+        shard, line = _encode(obj, self._shards)
+        lines = self._lines.get(shard)
+        if lines is None:
+            self._lines[shard] = [line]
+        else:
+            lines.append(line)
+
+    def finish_bundle(self) -> Iterator[WindowedValue]:
+        for shard, lines in sorted(self._lines.items()):
+            lines.sort()
+            path = FileSystems.join(self._folder, f"{_temp_prefix(self._kind, self._token)}"
+                                    f"s{shard:03d}-{uuid.uuid4().hex}.tmp-lines")
+            data = ("\n".join(lines) + "\n").encode("utf-8")
+            atomic_write(path, lambda handle, data=data: handle.write(data))
+            yield GlobalWindows.windowed_value((0, (shard, path)))
+        self._lines = {}
+
+
+class _Finalize(beam.DoFn):
+    """Bounded, second phase: each shard's temporary files -> its output file set; then every
+    temporary file of the run (failed bundle attempts' too) is deleted."""
+
+    def __init__(self, folder: str, kind: str, formats: Sequence[str], token: str) -> None:
+        self._folder, self._kind, self._formats = folder, kind, tuple(formats)
+        self._token = token
+
+    def process(self, element: tuple[int, Iterable[tuple[int, str]]]) -> Iterator[str]:
+        by_shard: dict[int, list[str]] = {}
+        for shard, path in element[1]:
+            by_shard.setdefault(shard, []).append(path)
+        for shard, paths in sorted(by_shard.items()):
+            base = f"{self._kind}-all-p0000-s{shard:03d}"
+            if len(paths) == 1 and self._formats == ("jsonl",):  # already sorted and complete
+                final = FileSystems.join(self._folder, base + ".jsonl")
+                atomic_move(paths[0], final)
+                yield final
+                continue
+            ordered: list[str] = []
+            for path in paths:
+                with FileSystems.open(path) as handle:
+                    # split on "\n" only: a JSON line never holds a raw newline, but may hold
+                    # other characters str.splitlines would split on (U+2028...)
+                    ordered.extend(handle.read().decode("utf-8").split("\n")[:-1])
+            ordered.sort()
+            yield from _write_shard(self._folder, self._kind, self._formats, base, ordered)
+        pattern = FileSystems.join(self._folder, _temp_prefix(self._kind, self._token) + "*")
+        leftovers = [m.path for r in FileSystems.match([pattern]) for m in r.metadata_list]
+        if leftovers:
+            FileSystems.delete(leftovers)
+
+
+def _temp_prefix(kind: str, token: str) -> str:
+    return f".{kind}-{token}-"
 
 
 def _encode(obj: dict[str, Any], shards: int) -> tuple[int, str]:
@@ -94,16 +177,26 @@ class WriteOutput(beam.PTransform):
         self._folder, self._kind, self._formats = folder, kind, tuple(formats)
         self._streaming, self._window_s, self._shards = streaming, window_s, shards
         self._lateness = allowed_lateness_s
+        self._token = uuid.uuid4().hex[:12]  # names this run's temporary files (bounded)
 
     def expand(self, pcoll: beam.PCollection) -> beam.PCollection:
-        if self._streaming:
-            pcoll = pcoll | "Window" >> beam.WindowInto(
+        if not self._streaming:
+            return (
+                pcoll
+                | "SpillBundles" >> beam.ParDo(_SpillBundles(
+                    self._folder, self._kind, self._shards, self._token)).with_output_types(
+                    tuple[int, tuple[int, str]])
+                | "GroupSpills" >> beam.GroupByKey()
+                | "Finalize" >> beam.ParDo(_Finalize(self._folder, self._kind, self._formats,
+                                                     self._token))
+            )
+        return (
+            pcoll
+            | "Window" >> beam.WindowInto(
                 window.FixedWindows(self._window_s),
                 trigger=trigger.AfterWatermark(late=trigger.AfterCount(1)),
                 accumulation_mode=trigger.AccumulationMode.DISCARDING,
                 allowed_lateness=Duration(seconds=self._lateness))
-        return (
-            pcoll
             | "Encode" >> beam.Map(_encode, self._shards).with_output_types(tuple[int, str])
             | "GroupShards" >> beam.GroupByKey()
             | "WriteFiles" >> beam.ParDo(_WriteFiles(self._folder, self._kind, self._formats))

@@ -1,0 +1,61 @@
+"""The bounded two-phase file write: bundles spill sorted temporary files, one step finalizes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from fanin.transforms.write import _encode, _Finalize, _SpillBundles, _temp_prefix
+
+
+def _spill(folder: Path, objs: list[dict[str, Any]], shards: int) -> list[tuple[int, str]]:
+    """One bundle of the first phase, run by hand; its ``(shard, temporary path)`` outputs."""
+    spill = _SpillBundles(str(folder), "late", shards, "tok")
+    spill.start_bundle()
+    for obj in objs:
+        spill.process(obj)
+    return [wv.value[1] for wv in spill.finish_bundle()]
+
+
+def _late(n: int) -> dict[str, Any]:
+    return {"join_id": f"j{n:03d}", "reason": "after_close", "close_reason": "complete",
+            "message": {"text": "line\u2028separator", "n": n}}
+
+
+def test_bundles_merge_per_shard_and_no_temporary_file_is_left(tmp_path: Path) -> None:
+    objs = [_late(n) for n in range(40)]
+    first, second = _spill(tmp_path, objs[::2], 2), _spill(tmp_path, objs[1::2], 2)
+    assert {shard for shard, _ in first} == {shard for shard, _ in second} == {0, 1}
+    assert all(Path(p).name.startswith(_temp_prefix("late", "tok")) and ".tmp-" in p and
+               not p.endswith(".jsonl") for _, p in first + second)
+    orphan = tmp_path / f"{_temp_prefix('late', 'tok')}s000-failed-attempt.tmp-lines"
+    orphan.write_text("not a line of this run\n")
+    other_run = tmp_path / f"{_temp_prefix('late', 'other')}s000-x.tmp-lines"
+    other_run.write_text("kept\n")
+    # shard 0 from both bundles (merged), shard 1 from the first only (renamed into place);
+    # the second bundle's shard-1 file stands for a failed attempt's output, like the orphan
+    runs = [*first, *[sp for sp in second if sp[0] == 0]]
+    written = list(_Finalize(str(tmp_path), "late", ("jsonl",), "tok").process((0, runs)))
+    assert [Path(p).name for p in written] == ["late-all-p0000-s000.jsonl",
+                                               "late-all-p0000-s001.jsonl"]
+    expected = {0: sorted(_encode(o, 2)[1] for o in objs if _encode(o, 2)[0] == 0),
+                1: sorted(_encode(o, 2)[1] for o in objs[::2] if _encode(o, 2)[0] == 1)}
+    for shard, path in enumerate(written):
+        assert Path(path).read_bytes() == ("\n".join(expected[shard]) + "\n").encode()
+    assert json.loads(expected[0][0])["message"]["text"] == "line\u2028separator"
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == sorted([other_run.name, "late-all-p0000-s000.jsonl",
+                           "late-all-p0000-s001.jsonl"])
+
+
+def test_parquet_is_written_from_the_merged_lines(tmp_path: Path) -> None:
+    objs = [_late(n) for n in range(6)]
+    runs = _spill(tmp_path, objs, 1)
+    written = list(_Finalize(str(tmp_path), "late", ("jsonl", "parquet"), "tok").process(
+        (0, runs)))
+    parquet = [p for p in written if p.endswith(".parquet")]
+    assert len(parquet) == 1 and pq.read_table(parquet[0]).num_rows == len(objs)
+    assert not [p for p in tmp_path.rglob("*") if ".tmp-" in p.name]
