@@ -6,7 +6,8 @@ Guarantees:
 - ``JoinReducer.add`` applies one ``Record`` in O(1) amortised time at any fan-out width: per
   branch aggregates and the counters that decide completeness are maintained incrementally;
   nothing seen before is rescanned. (A change of the join's definition - its open or contract
-  arriving - recomputes the derived counters once, in O(branches).)
+  arriving - recomputes the derived counters once, in O(branches); the key map is built once,
+  in O(branches), when a branch first writes a key other than its own name.)
 - The result (``complete``, ``all_reported``, ``close``) depends only on the set of records
   added, never on their order. Redelivering a record changes only ``counts.messages`` and
   ``counts.duplicates``.
@@ -126,9 +127,8 @@ class JoinReducer:
     # read-only sentinels and are created on first write (fewer allocations, less GC work).
     __slots__ = ("_deadline", "_defn", "_fast", "_first", "_keys", "_lower", "_n_conflicts",
                  "_n_missing", "_n_unreported", "_opens", "_pruned", "_violations", "branches",
-                 "catalog",
-                 "contract_names", "duplicates", "messages", "min_event", "min_receipt_opened",
-                 "skips", "superseded")
+                 "catalog", "contract_names", "duplicates", "messages", "min_event",
+                 "min_receipt_opened", "skips", "superseded")
 
     def __init__(self, catalog: Catalog) -> None:
         self.catalog = catalog
