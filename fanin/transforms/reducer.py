@@ -74,8 +74,10 @@ def _earlier(a: R.Record, b: R.Record) -> bool:
     """Deterministic "first" among records of identical content: (event time, message_id,
     run_id, text)."""
     ta, tb = a[TIME], b[TIME]
-    if ta != tb:  # the usual answer, without building the full comparison
+    if ta != tb:  # the usual answers first, without building the full comparison
         return ta < tb
+    if a[RAW] == b[RAW]:  # the same text (a redelivery): the same message, not earlier
+        return False
     return (a[MESSAGE_ID] or "", a[RUN_ID] or "", a[RAW]) < \
         (b[MESSAGE_ID] or "", b[RUN_ID] or "", b[RAW])
 
@@ -118,7 +120,7 @@ class JoinReducer:
     What is kept: ``branches`` (branch -> its top-attempt entry: the bare first record of its
     one content, or ``_Changed``), ``skips`` (path -> first skip), the distinct opens, the
     ``(branch, attempt, content)`` groups below each branch's top attempt, and counters.
-    Each branch's *contribution* ``(missing, unreported, conflicts, (key, value canon) or
+    Each branch's *contribution* ``(missing, not ok, conflicts, (key, value canon) or
     None)`` is a pure function of the definition, the pruned set and its entry; when one of
     those changes, the old contribution is taken out of the counters and the new one put in.
     """
@@ -126,7 +128,7 @@ class JoinReducer:
     # Fixed slots (no per-instance dict); containers most joins never need start as shared
     # read-only sentinels and are created on first write (fewer allocations, less GC work).
     __slots__ = ("_deadline", "_defn", "_fast", "_first", "_keys", "_lower", "_n_conflicts",
-                 "_n_missing", "_n_unreported", "_opens", "_pruned", "_violations", "branches",
+                 "_n_missing", "_n_notok", "_opens", "_pruned", "_violations", "branches",
                  "catalog", "contract_names", "duplicates", "messages", "min_event",
                  "min_receipt_opened", "skips", "superseded")
 
@@ -146,12 +148,13 @@ class JoinReducer:
         self._lower: set[tuple[str, int, str]] = _NO_SET  # (branch, attempt, content) groups
         self._defn: Definition | None = None
         self._deadline: int | None = None  # cache of deadline(); None: not computed
-        # The counters that decide completeness. While the join is undefined (no required
-        # set) _n_missing and _n_unreported are 1: the unknown required set counts as missing.
-        # _n_conflicts counts every conflict entry of the close, open_conflict and
-        # contract_conflict included, so ``complete`` reads two integers.
-        self._n_missing = self._n_unreported = 1
-        self._n_conflicts = 0
+        # The counters that decide completeness: required, unpruned branches without a current
+        # ok receipt (_n_missing), those of them whose current receipt is error or timeout
+        # (_n_notok: missing - notok is how many have not reported), and every conflict entry
+        # of the close, open_conflict and contract_conflict included (_n_conflicts). While the
+        # join is undefined (no required set) _n_missing is 1: the unknown set counts as missing.
+        self._n_missing = 1
+        self._n_notok = self._n_conflicts = 0
         self._pruned: set[str] = _NO_SET
         # key -> value canon (one writer) or [writers, {value canon: writers}], for key
         # conflicts. Left empty (the shared sentinel) while every key written is its writer's own
@@ -200,10 +203,11 @@ class JoinReducer:
         self._violations = _NO_MAP
         self._n_conflicts = (len(self._opens) > 1) + (len(self.contract_names) > 1)
         self._keys = _NO_MAP
+        self._n_notok = 0
         if defn.required is None:
-            self._n_missing = self._n_unreported = 1
+            self._n_missing = 1
             return
-        self._n_missing = self._n_unreported = len(defn.required)
+        self._n_missing = len(defn.required)
         self._fast = defn.role
         shifts = [(name, self._contribution(name, None), self._contribution(name, entry))
                   for name, entry in self.branches.items()]
@@ -230,11 +234,11 @@ class JoinReducer:
         if required is None or name in self._pruned:  # unknown, or pruned
             return (0, 0, 1, None) if entry is not None else _NONE
         if entry is None:
-            return (required, required, 0, None)
-        if type(entry) is _Changed:
-            return (required, required, 1, None)
-        if entry[R_STATUS] != "ok":
             return (required, 0, 0, None)
+        if type(entry) is _Changed:
+            return (required, 0, 1, None)
+        if entry[R_STATUS] != "ok":
+            return (required, required, 0, None)
         validator = defn.validators.get(entry[R_KEY]) if defn.validators else None
         bad = 1 if validator is not None and self._violation(entry, validator) else 0
         return (0, 0, bad, (entry[R_KEY], entry[R_VALUE_CANON]))
@@ -257,7 +261,7 @@ class JoinReducer:
         if old == new:
             return
         self._n_missing += new[0] - old[0]
-        self._n_unreported += new[1] - old[1]
+        self._n_notok += new[1] - old[1]
         self._n_conflicts += new[2] - old[2]
         was, now = old[3], new[3]
         if was != now:
@@ -357,12 +361,11 @@ class JoinReducer:
         role = self._fast.get(name)
         if role is not None:
             if status != "ok":  # error or timeout: reported, not ok
-                self._n_unreported -= role
+                self._n_notok += role
                 return
             key = record[R_KEY]
             if key not in self._defn.validators:  # type: ignore[union-attr]
                 self._n_missing -= role
-                self._n_unreported -= role
                 keys = self._keys
                 if keys is _NO_MAP:
                     if key == name:
@@ -415,7 +418,7 @@ class JoinReducer:
                 record[CONTRACT], record[O_REQUIRED], record[O_OPTIONAL], record[O_DEADLINE_MS],
                 record[O_ALLOW_PARTIAL], record[O_FAIL_FAST])
             if defn.required is not None:
-                self._n_missing = self._n_unreported = len(defn.required)
+                self._n_missing = len(defn.required)
                 self._fast = defn.role
             return
         canon = record[O_CANON]
@@ -522,13 +525,13 @@ class JoinReducer:
 
     def all_reported(self) -> bool:
         """Every required, unpruned branch has a current receipt (the fail_fast condition)."""
-        return self._n_unreported == 0
+        return self._n_missing == self._n_notok
 
     def closable(self) -> bool:
         """Complete, or with ``fail_fast`` all reported: the join may close now."""
         if self._n_missing == 0 and self._n_conflicts == 0:
             return True
-        return self._n_unreported == 0 and self.definition.fail_fast
+        return self._n_missing == self._n_notok and self.definition.fail_fast
 
     def opened_at(self) -> int | None:
         first = self.defining_open()
