@@ -17,7 +17,15 @@ def _spill(folder: Path, objs: list[dict[str, Any]], shards: int) -> list[tuple[
     spill.start_bundle()
     for obj in objs:
         spill.process(obj)
-    return [wv.value[1] for wv in spill.finish_bundle()]
+    return [wv.value for wv in spill.finish_bundle()]
+
+
+def _finalize(folder: Path, runs: list[tuple[int, str]], formats: tuple[str, ...]
+              ) -> list[str]:
+    """The second phase as the pipeline runs it: one call per shard with its paths."""
+    finalize = _Finalize(str(folder), "late", formats, "tok")
+    return [path for shard in sorted({s for s, _ in runs})
+            for path in finalize.process((shard, [p for s, p in runs if s == shard]))]
 
 
 def _late(n: int) -> dict[str, Any]:
@@ -29,16 +37,16 @@ def test_bundles_merge_per_shard_and_no_temporary_file_is_left(tmp_path: Path) -
     objs = [_late(n) for n in range(40)]
     first, second = _spill(tmp_path, objs[::2], 2), _spill(tmp_path, objs[1::2], 2)
     assert {shard for shard, _ in first} == {shard for shard, _ in second} == {0, 1}
-    assert all(Path(p).name.startswith(_temp_prefix("late", "tok")) and ".tmp-" in p and
-               not p.endswith(".jsonl") for _, p in first + second)
-    orphan = tmp_path / f"{_temp_prefix('late', 'tok')}s000-failed-attempt.tmp-lines"
+    assert all(Path(p).name.startswith(_temp_prefix("late", "tok", s)) and ".tmp-" in p and
+               not p.endswith(".jsonl") for s, p in first + second)
+    orphan = tmp_path / f"{_temp_prefix('late', 'tok', 0)}failed-attempt.tmp-lines"
     orphan.write_text("not a line of this run\n")
-    other_run = tmp_path / f"{_temp_prefix('late', 'other')}s000-x.tmp-lines"
+    other_run = tmp_path / f"{_temp_prefix('late', 'other', 0)}x.tmp-lines"
     other_run.write_text("kept\n")
     # shard 0 from both bundles (merged), shard 1 from the first only (renamed into place);
     # the second bundle's shard-1 file stands for a failed attempt's output, like the orphan
     runs = [*first, *[sp for sp in second if sp[0] == 0]]
-    written = list(_Finalize(str(tmp_path), "late", ("jsonl",), "tok").process((0, runs)))
+    written = _finalize(tmp_path, runs, ("jsonl",))
     assert [Path(p).name for p in written] == ["late-all-p0000-s000.jsonl",
                                                "late-all-p0000-s001.jsonl"]
     expected = {0: sorted(_encode(o, 2)[1] for o in objs if _encode(o, 2)[0] == 0),
@@ -54,8 +62,7 @@ def test_bundles_merge_per_shard_and_no_temporary_file_is_left(tmp_path: Path) -
 def test_parquet_is_written_from_the_merged_lines(tmp_path: Path) -> None:
     objs = [_late(n) for n in range(6)]
     runs = _spill(tmp_path, objs, 1)
-    written = list(_Finalize(str(tmp_path), "late", ("jsonl", "parquet"), "tok").process(
-        (0, runs)))
+    written = _finalize(tmp_path, runs, ("jsonl", "parquet"))
     parquet = [p for p in written if p.endswith(".parquet")]
     assert len(parquet) == 1 and pq.read_table(parquet[0]).num_rows == len(objs)
     assert not [p for p in tmp_path.rglob("*") if ".tmp-" in p.name]

@@ -9,10 +9,10 @@ Guarantees:
 - Bounded: two phases, the way Beam's own file sinks write. Each bundle encodes its objects,
   sorts them per shard and writes them to hidden temporary files
   (``.<kind>-<run token>-s<shard>-<random>.tmp-lines``, never an output's suffix, written
-  like every output file); one finalize step merges each shard's temporary files into
-  ``<kind>-all-p0000-s<shard>`` (a shard's single JSONL file is renamed into place) and then
-  deletes every temporary file of the run, also those of bundle attempts that failed. No
-  output line crosses a shuffle.
+  like every output file); a finalize step per shard (shards in parallel) merges the shard's
+  temporary files into ``<kind>-all-p0000-s<shard>`` (a single JSONL file is renamed into
+  place) and then deletes every temporary file of the run for that shard, also those of bundle
+  attempts that failed. No output line crosses a shuffle.
 - Streaming: outputs are grouped in fixed event-time windows (``window_s``); a window's file is
   written when the watermark passes its end, and late outputs (a late record's event time is
   behind the watermark) produce a further pane file instead of being dropped: allowed lateness
@@ -88,7 +88,7 @@ class _WriteFiles(beam.DoFn):
 
 class _SpillBundles(beam.DoFn):
     """Bounded, first phase: a bundle's lines, encoded and sorted per shard, go to temporary
-    files; outputs ``(0, (shard, temporary path))`` once the bundle's files are complete."""
+    files; outputs ``(shard, temporary path)`` once the bundle's files are complete."""
 
     def __init__(self, folder: str, kind: str, shards: int, token: str) -> None:
         self._folder, self._kind, self._shards, self._token = folder, kind, shards, token
@@ -107,33 +107,31 @@ class _SpillBundles(beam.DoFn):
     def finish_bundle(self) -> Iterator[WindowedValue]:
         for shard, lines in sorted(self._lines.items()):
             lines.sort()
-            path = FileSystems.join(self._folder, f"{_temp_prefix(self._kind, self._token)}"
-                                    f"s{shard:03d}-{uuid.uuid4().hex}.tmp-lines")
+            path = FileSystems.join(self._folder, _temp_prefix(self._kind, self._token, shard)
+                                    + f"{uuid.uuid4().hex}.tmp-lines")
             data = ("\n".join(lines) + "\n").encode("utf-8")
             atomic_write(path, lambda handle, data=data: handle.write(data))
-            yield GlobalWindows.windowed_value((0, (shard, path)))
+            yield GlobalWindows.windowed_value((shard, path))
         self._lines = {}
 
 
 class _Finalize(beam.DoFn):
-    """Bounded, second phase: each shard's temporary files -> its output file set; then every
-    temporary file of the run (failed bundle attempts' too) is deleted."""
+    """Bounded, second phase: one shard's temporary files -> its output file set; then every
+    temporary file of the run for that shard (failed bundle attempts' too) is deleted."""
 
     def __init__(self, folder: str, kind: str, formats: Sequence[str], token: str) -> None:
         self._folder, self._kind, self._formats = folder, kind, tuple(formats)
         self._token = token
 
-    def process(self, element: tuple[int, Iterable[tuple[int, str]]]) -> Iterator[str]:
-        by_shard: dict[int, list[str]] = {}
-        for shard, path in element[1]:
-            by_shard.setdefault(shard, []).append(path)
-        for shard, paths in sorted(by_shard.items()):
-            base = f"{self._kind}-all-p0000-s{shard:03d}"
-            if len(paths) == 1 and self._formats == ("jsonl",):  # already sorted and complete
-                final = FileSystems.join(self._folder, base + ".jsonl")
-                atomic_move(paths[0], final)
-                yield final
-                continue
+    def process(self, element: tuple[int, Iterable[str]]) -> Iterator[str]:
+        shard, spilled = element
+        paths = sorted(spilled)
+        base = f"{self._kind}-all-p0000-s{shard:03d}"
+        if len(paths) == 1 and self._formats == ("jsonl",):  # already sorted and complete
+            final = FileSystems.join(self._folder, base + ".jsonl")
+            atomic_move(paths[0], final)
+            yield final
+        else:
             ordered: list[str] = []
             for path in paths:
                 with FileSystems.open(path) as handle:
@@ -142,14 +140,15 @@ class _Finalize(beam.DoFn):
                     ordered.extend(handle.read().decode("utf-8").split("\n")[:-1])
             ordered.sort()
             yield from _write_shard(self._folder, self._kind, self._formats, base, ordered)
-        pattern = FileSystems.join(self._folder, _temp_prefix(self._kind, self._token) + "*")
+        pattern = FileSystems.join(self._folder,
+                                   _temp_prefix(self._kind, self._token, shard) + "*")
         leftovers = [m.path for r in FileSystems.match([pattern]) for m in r.metadata_list]
         if leftovers:
             FileSystems.delete(leftovers)
 
 
-def _temp_prefix(kind: str, token: str) -> str:
-    return f".{kind}-{token}-"
+def _temp_prefix(kind: str, token: str, shard: int) -> str:
+    return f".{kind}-{token}-s{shard:03d}-"
 
 
 def _encode(obj: dict[str, Any], shards: int) -> tuple[int, str]:
@@ -185,7 +184,7 @@ class WriteOutput(beam.PTransform):
                 pcoll
                 | "SpillBundles" >> beam.ParDo(_SpillBundles(
                     self._folder, self._kind, self._shards, self._token)).with_output_types(
-                    tuple[int, tuple[int, str]])
+                    tuple[int, str])
                 | "GroupSpills" >> beam.GroupByKey()
                 | "Finalize" >> beam.ParDo(_Finalize(self._folder, self._kind, self._formats,
                                                      self._token))
