@@ -29,7 +29,6 @@ Choices where SPEC is silent (see docs/semantics.md):
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from types import MappingProxyType
 from typing import Any
 
 from fanin.contracts import records as R
@@ -64,10 +63,32 @@ from fanin.contracts.timefmt import MAX_MS, format_ms
 __all__ = ["JoinReducer"]
 
 _NONE = (0, 0, 0, None)
+
+
+class _EmptyMap(dict):  # type: ignore[type-arg]
+    """The shared empty map of joins that never skip, retry or the like: read-only, and pickled
+    as a reference to the one instance, so identity tests (``is _NO_MAP``) survive a pickle."""
+
+    def _read_only(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("the shared empty map is read-only; replace it before writing")
+
+    __setitem__ = __delitem__ = setdefault = update = pop = popitem = clear = _read_only
+
+    def __reduce__(self) -> str:
+        return "_NO_MAP"
+
+
+class _EmptySet(frozenset):  # type: ignore[type-arg]
+    """The shared empty set (see ``_EmptyMap``); pickled as a reference to the one instance."""
+
+    def __reduce__(self) -> str:
+        return "_NO_SET"
+
+
 # Shared read-only empties: most joins never skip, retry, name a contract or prune; a real
 # container replaces the sentinel on first write (fewer allocations = less GC work per join).
-_NO_MAP: Any = MappingProxyType({})
-_NO_SET: frozenset[Any] = frozenset()
+_NO_MAP: Any = _EmptyMap()
+_NO_SET: frozenset[Any] = _EmptySet()
 
 
 def _earlier(a: R.Record, b: R.Record) -> bool:
@@ -164,6 +185,21 @@ class JoinReducer:
         # defined, for the inline first-receipt path of ``add``; empty otherwise
         self._fast: Mapping[str, int] = _NO_MAP
         self._violations: dict[str, str | None] = _NO_MAP  # content -> schema error (cache)
+
+    # What a pickle keeps: the records and counts. The definition (its schema validators do not
+    # pickle) and everything derived from it are resolved again from the catalog on unpickling.
+    _PICKLED = ("catalog", "branches", "skips", "messages", "duplicates", "superseded",
+                "_first", "_opens", "contract_names", "min_event", "min_receipt_opened", "_lower")
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self._PICKLED}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["catalog"])  # type: ignore[misc]
+        for name, value in state.items():
+            setattr(self, name, value)
+        if self.messages:
+            self._redefine()
 
     @property
     def opens(self) -> dict[str, R.Record]:
