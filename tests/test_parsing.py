@@ -144,7 +144,11 @@ def test_fast_and_general_time_paths_agree() -> None:
             assert general is not None and timefmt._utc_fast(text) is not None
             assert timefmt.parse_rfc3339(text) == timefmt.parse_rfc3339(text.replace("Z", "+00:00"))
     for bad in ("2026-02-30T00:00:00Z", "2026-01-01T00:00:60Z", "2026-01-01T24:00:00.000Z",
-                "+026-01-01T00:00:00Z", "2026-01-01T0 :00:00Z", "0000-01-01T00:00:00Z"):
+                "+026-01-01T00:00:00Z", "2026-01-01T0 :00:00Z", "0000-01-01T00:00:00Z",
+                # a second already cached, with a fraction or an ending the fast path refuses
+                "2026-01-01T00:00:00.\u0663\u0663\u0663Z", "2026-01-01T00:00:00.12 Z",
+                "2026-01-01T00:00:00,123Z", "2026-01-01T00:00:00.123+", "2026-01-01T00:00:00+"):
+        assert timefmt._utc_fast("2026-01-01T00:00:00.001Z") == 1_767_225_600_001
         assert timefmt._utc_fast(bad) is None
     assert parse_rfc3339("2016-12-31T23:59:60Z") == parse_rfc3339("2016-12-31T23:59:59.999Z")
 

@@ -58,20 +58,43 @@ MAX_MS = _days_from_civil(10000, 1, 1) * _MS_PER_DAY - 1
 
 
 _DAYS: dict[str, int | None] = {}  # "YYYY-MM-DD" -> days since the epoch (None: invalid)
+# "YYYY-MM-DDThh:mm:ss" -> epoch ms of that second (None: not for the fast path). Messages of
+# a busy second share one entry; bounded like the other caches.
+_SECOND_MS: dict[str, int | None] = {}
 
 
 def _utc_fast(text: str) -> int | None:
     """``YYYY-MM-DDThh:mm:ssZ`` or ``...ss.fffZ`` (the common forms), or None to take the
     general path. Same result as the general path on what it accepts."""
     size = len(text)
-    if not (size == 24 or size == 20) or not text.isascii() or text[-1] not in "Zz" or \
-            text[10] not in "Tt" or text[13] != ":" or text[16] != ":" or \
-            (size == 24 and text[19] != "."):
+    if size == 24:
+        millis = text[20:23]
+        if text[19] != "." or text[23] not in "Zz" or not (millis.isascii() and
+                                                          millis.isdigit()):
+            return None
+    elif size != 20 or text[19] not in "Zz":
         return None
-    clock = text[11:13] + text[14:16] + text[17:19] + (text[20:23] if size == 24 else "000")
+    else:
+        millis = "0"
+    prefix = text[:19]
+    second = _SECOND_MS.get(prefix, -1)
+    if second == -1:
+        second = _second_ms(prefix)
+        if len(_SECOND_MS) > 100_000:
+            _SECOND_MS.clear()
+        _SECOND_MS[prefix] = second
+    return None if second is None else second + int(millis)
+
+
+def _second_ms(prefix: str) -> int | None:
+    """Epoch ms of ``YYYY-MM-DDThh:mm:ss`` (ASCII digits, a valid date, hh <= 23, mm and
+    ss <= 59), else None: the general path gives the error, or takes the leap second."""
+    if not prefix.isascii() or prefix[10] not in "Tt" or prefix[13] != ":" or prefix[16] != ":":
+        return None
+    clock = prefix[11:13] + prefix[14:16] + prefix[17:19]
     if not clock.isdigit():
         return None
-    date = text[:10]
+    date = prefix[:10]
     days = _DAYS.get(date, -1)
     if days == -1:
         try:
@@ -83,8 +106,8 @@ def _utc_fast(text: str) -> int | None:
         _DAYS[date] = days
     hour, minute, second = int(clock[0:2]), int(clock[2:4]), int(clock[4:6])
     if days is None or hour > 23 or minute > 59 or second > 59:
-        return None  # the general path gives the error (or the leap second)
-    return days * _MS_PER_DAY + ((hour * 60 + minute) * 60 + second) * 1000 + int(clock[6:9])
+        return None
+    return days * _MS_PER_DAY + ((hour * 60 + minute) * 60 + second) * 1000
 
 
 def _date_days(date: str) -> int:
