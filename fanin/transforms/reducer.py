@@ -429,24 +429,22 @@ class JoinReducer:
                                        opened < self.min_receipt_opened):
                 self.min_receipt_opened = opened
                 self._deadline = None
-        contract = record[CONTRACT]
-        if contract is not None and contract not in self.contract_names:
-            self._add_contract(contract)
+        if self._note_contract(record[CONTRACT]):
             self._redefine()
 
-    def _add_contract(self, contract: str) -> None:
-        """Note a contract name not seen before (the caller redefines the join)."""
+    def _note_contract(self, contract: str | None) -> bool:
+        """Note the contract a record names; True when it is new (the caller redefines)."""
+        if contract is None or contract in self.contract_names:
+            return False
         if self.contract_names is _NO_SET:
             self.contract_names = set()
         self.contract_names.add(contract)
         if len(self.contract_names) == 2:
             self._n_conflicts += 1  # contract_conflict
+        return True
 
     def _add_open(self, record: R.Record) -> None:
-        contract = record[CONTRACT]
-        redefine = contract is not None and contract not in self.contract_names
-        if redefine:
-            self._add_contract(contract)
+        redefine = self._note_contract(record[CONTRACT])
         if self.messages == 1:
             # a fresh join's open (the usual first message): define it without the general path
             self._first = record
@@ -527,7 +525,7 @@ class JoinReducer:
             self._shift(name, self._contribution(name, entry), self._contribution(name, new))
 
     def _supersede(self, name: str, attempt: int, content: str) -> None:
-        """A group at the former top attempt is now below it."""
+        """A group (``attempt``, ``content``) of the branch is below its top attempt."""
         if self._lower is _NO_SET:
             self._lower = set()
         self._lower.add((name, attempt, content))
@@ -535,14 +533,10 @@ class JoinReducer:
 
     def _add_lower(self, name: str, attempt: int, content: str) -> None:
         """A receipt below the top attempt: a new superseded group, or a duplicate of one."""
-        group = (name, attempt, content)
-        if group in self._lower:
+        if (name, attempt, content) in self._lower:
             self.duplicates += 1
-            return
-        if self._lower is _NO_SET:
-            self._lower = set()
-        self._lower.add(group)
-        self.superseded += 1
+        else:
+            self._supersede(name, attempt, content)
 
     # ------------------------------------------------------------------ questions
     def is_empty(self) -> bool:
@@ -601,10 +595,7 @@ class JoinReducer:
         yield from self.opens.values()
         yield from self.skips.values()
         for entry in self.branches.values():
-            if type(entry) is _Changed:
-                yield from entry.cand.values()
-            else:
-                yield entry
+            yield from _candidates(entry).values()
 
     def reason(self) -> str:
         if self.complete():
@@ -626,11 +617,9 @@ class JoinReducer:
             if type(record) is _Changed or name not in role or name in pruned:
                 conflicts.append(_branch_conflict(name, record, role, pruned))
                 continue
-            status, key = record[R_STATUS], record[R_KEY]
-            branches_out[name] = {"status": status, "key": key, "attempt": record[R_ATTEMPT],
-                                  "event_time": format_ms(record[TIME]),
-                                  "value": record[R_VALUE], "error": record[R_ERROR]}
-            if status == "ok":
+            key = record[R_KEY]
+            branches_out[name] = _receipt_view(record)
+            if record[R_STATUS] == "ok":
                 validator = validators.get(key) if validators else None
                 problem = validator and self._violation(record, validator)
                 if problem:
