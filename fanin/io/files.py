@@ -30,18 +30,16 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[BinaryIO], None]
     if "://" in name:
         _remote(name, tmp, write)
         return
-    target = Path(name)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    Path(name).parent.mkdir(parents=True, exist_ok=True)
     try:
         with open(tmp, "wb") as handle:
             write(handle)
             handle.flush()
             os.fsync(handle.fileno())
-        os.replace(tmp, target)
+        atomic_move(tmp, name)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    _sync_folder(target.parent)
 
 
 def atomic_move(source: str, path: str) -> None:
@@ -71,9 +69,7 @@ def _remote(name: str, tmp: str, write: Callable[[BinaryIO], None]) -> None:
     try:
         with FileSystems.create(tmp) as handle:
             write(handle)
-        if FileSystems.exists(name):
-            FileSystems.delete([name])
-        FileSystems.rename([tmp], [name])
+        atomic_move(tmp, name)
     except BaseException:
         if FileSystems.exists(tmp):
             FileSystems.delete([tmp])

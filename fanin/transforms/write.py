@@ -52,14 +52,19 @@ def _window_label(win: Any) -> str:
     return "all"
 
 
+def _write_lines(path: str, lines: list[str]) -> None:
+    """``lines``, each ended by a newline, as UTF-8 in ``path`` (written atomically)."""
+    data = ("\n".join(lines) + "\n").encode("utf-8")
+    atomic_write(path, lambda handle: handle.write(data))
+
+
 def _write_shard(folder: str, kind: str, formats: Sequence[str], base: str,
                  ordered: list[str]) -> list[str]:
     """Write one shard's sorted lines as ``base.jsonl`` and/or Parquet; the paths written."""
     written = []
     if "jsonl" in formats:
         path = FileSystems.join(folder, base + ".jsonl")
-        data = ("\n".join(ordered) + "\n").encode("utf-8")
-        atomic_write(path, lambda handle: handle.write(data))
+        _write_lines(path, ordered)
         written.append(path)
     if "parquet" in formats:
         from fanin.analysis.tables import write_parquet
@@ -109,8 +114,7 @@ class _SpillBundles(beam.DoFn):
             lines.sort()
             path = FileSystems.join(self._folder, _temp_prefix(self._kind, self._token, shard)
                                     + f"{uuid.uuid4().hex}.tmp-lines")
-            data = ("\n".join(lines) + "\n").encode("utf-8")
-            atomic_write(path, lambda handle, data=data: handle.write(data))
+            _write_lines(path, lines)
             yield GlobalWindows.windowed_value((shard, path))
         self._lines = {}
 
