@@ -1,0 +1,107 @@
+"""What both framework integrations share: a fan-out becomes an open and skips, a branch run a
+receipt (SPEC §1), through a ``fanin.sdk.Emitter``. No framework is imported here.
+
+Guarantees:
+- ``FanOutReporter.open(possible, taken, run_id)`` opens a join only for a real fan-out: two or
+  more distinct possible branches. The open's ``required`` is every possible branch (sorted),
+  and each possible branch not in ``taken`` is skipped right after the open, so the join
+  never waits for a route that was not taken. Returns the join's context, else ``None``.
+- ``ok`` reports a value made JSON by ``jsonable``; when it still is not JSON (or the message is
+  over the emitter's size limit), an ``error`` receipt stating why is reported instead and a
+  warning is logged: the join learns that the branch finished without a usable value, and the
+  user's graph is not broken by what an observer could not encode.
+- ``error`` reports the text ``describe`` makes, ``"ExceptionType: message"`` (the SDK's form).
+- Every receipt carries the attempt it is given (the framework's own retry count), so a retry
+  supersedes the failed attempt (SPEC §3).
+- Sink failures (``PublishError``) propagate to the caller, as with the SDK.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Collection, Mapping
+from typing import Any
+
+from fanin.sdk import Emitter, JoinContext
+
+__all__ = ["FanOutReporter", "describe", "jsonable", "keyed"]
+
+_LOG = logging.getLogger(__name__)
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` with pydantic models (LangChain messages, ADK and GenAI types) and dataclasses
+    turned into JSON objects, and tuples into arrays; anything else is left as it is."""
+    if isinstance(value, Mapping):
+        return {k: jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    dump = getattr(value, "model_dump", None)
+    if callable(dump) and not isinstance(value, type):
+        return dump(mode="json")
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return jsonable(dataclasses.asdict(value))
+    return value
+
+
+def describe(kind: str, message: str) -> str:
+    """An error's text as the SDK writes it: ``"Kind: message"``, or ``"Kind"`` alone."""
+    return f"{kind}: {message}" if message else kind
+
+
+def keyed(update: Any, is_plain_key: Callable[[str], bool]) -> tuple[str | None, Any]:
+    """The ``(key, value)`` of a branch's receipt for a state ``update``.
+
+    When the update is a mapping that writes exactly one key and ``is_plain_key(key)`` (the
+    framework keeps the last value written there), the receipt writes that key: two branches
+    writing it with different values are then a ``key_conflict``. Otherwise the key is ``None``
+    (the branch's own name, SPEC §1) and the value the whole update.
+    """
+    if isinstance(update, Mapping) and len(update) == 1:
+        ((key, value),) = update.items()
+        if isinstance(key, str) and is_plain_key(key):
+            return key, value
+    return None, update
+
+
+class FanOutReporter:
+    """Opens joins for fan-outs and reports branch runs; join fields apply to every open."""
+
+    def __init__(self, emitter: Emitter, *, contract: str | None = None,
+                 deadline_s: float | None = None, allow_partial: bool | None = None,
+                 fail_fast: bool | None = None) -> None:
+        self.emitter = emitter
+        self.contract = contract
+        self.deadline_s = deadline_s
+        self.allow_partial = allow_partial
+        self.fail_fast = fail_fast
+
+    def open(self, possible: Collection[str], taken: Collection[str],
+             run_id: str | None) -> JoinContext | None:
+        """Open a join over ``possible`` and skip what is not ``taken``; ``None`` if < 2."""
+        branches = sorted(set(possible))
+        if len(branches) < 2:
+            return None
+        ctx = JoinContext.new(contract=self.contract, run_id=run_id, clock=self.emitter.clock)
+        self.emitter.open(ctx, required=branches, deadline_s=self.deadline_s,
+                          allow_partial=self.allow_partial, fail_fast=self.fail_fast)
+        for branch in branches:
+            if branch not in taken:
+                self.emitter.skip(ctx, branch)
+        return ctx
+
+    def ok(self, ctx: JoinContext, branch: str, value: Any, *, key: str | None,
+           attempt: int) -> None:
+        """Report a finished run of ``branch`` with ``value`` (see the module guarantees)."""
+        try:
+            self.emitter.emit(ctx, branch, "ok", value=jsonable(value), key=key,
+                              attempt=attempt)
+        except (TypeError, ValueError) as exc:
+            _LOG.warning("fanin: branch %r of join %s: %s", branch, ctx.join_id, exc)
+            self.emitter.emit(ctx, branch, "error", error=f"unreported value: {exc}", key=key,
+                              attempt=attempt)
+
+    def error(self, ctx: JoinContext, branch: str, text: str, *, attempt: int) -> None:
+        """Report a failed run of ``branch`` with the error ``text`` (see ``describe``)."""
+        self.emitter.emit(ctx, branch, "error", error=text, attempt=attempt)

@@ -1,0 +1,271 @@
+"""LangGraph: Fanin receipts from a compiled graph's own callbacks, without touching its nodes.
+
+``attach(graph, emitter)`` returns the graph with a ``FaninCallbackHandler`` bound (LangChain's
+callback system, which LangGraph drives for every task and conditional edge); run it as usual
+(``invoke``, ``stream``, ``ainvoke``, ``astream``). The handler can also be passed per run:
+``graph.invoke(x, {"callbacks": [FaninCallbackHandler(graph, emitter)]})``.
+
+Mapping (``docs/integrations.md``):
+- **Fan-out -> open.** When the task of a node ``X`` ends, its possible successors are its
+  static edges (``add_edge(X, T)``), the ``path_map`` targets of its conditional edges, the
+  nodes it ``Send``s to and its ``Command(goto=...)`` targets (plus ``destinations=`` declared
+  with ``add_node``). Two or more (``END`` not counted) make a fan-out: one join is opened with
+  all of them required; ``Send`` packets are branches ``node/0``, ``node/1``, ... in the order
+  ``X`` sent them. A static fan-out from ``START`` opens when the run's first task starts.
+- **Route not taken -> skip.** Each mapped target that ``X``'s conditional edges (and goto) did
+  not choose is skipped at once.
+- **Branch run -> receipt.** Each task of the next super-step that ``X`` triggered reports one
+  receipt per attempt: ``error`` (``"Type: message"``) per failed attempt (``RetryPolicy``
+  retries are attempts 2, 3, ...), ``ok`` with its state update. The receipt's ``key`` is the
+  state key when the update writes exactly one key whose channel keeps the last value (no
+  reducer: the keys LangGraph refuses to see written twice in one step, ``InvalidUpdateError``);
+  otherwise the key is the branch and the value the whole update (reducer channels such as
+  ``Annotated[list, operator.add]`` are meant to take concurrent writes).
+- Interrupts (``GraphBubbleUp``) are not results: no receipt.
+
+Guarantees: the handler is thread-safe (sync graphs run tasks in threads) and runs inline in
+async graphs, so messages are emitted in the order LangGraph reports the events. It raises its
+errors (``raise_error``): a sink failure fails the graph run rather than losing receipts.
+State for a run is dropped when the run ends. Limits: only the attached graph's own nodes are
+seen (a subgraph is one branch of its parent); the routes not taken of conditional edges
+without a ``path_map`` (or a ``Literal`` return type), and of conditional edges from
+``START``, are unknown, so those routes are not reported; ``defer=True`` nodes are not branches.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from collections.abc import Hashable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+from uuid import UUID
+
+from langchain_core.callbacks import BaseCallbackHandler
+from langgraph.channels.last_value import LastValue
+from langgraph.constants import END, START
+from langgraph.errors import GraphBubbleUp
+from langgraph.types import Command, Send
+
+from fanin.integrations.fanout import FanOutReporter, describe, keyed
+from fanin.sdk import Emitter, JoinContext
+
+__all__ = ["FaninCallbackHandler", "attach"]
+
+_PUSH = "__pregel_push"  # langgraph_path[0] of a task started by a Send
+Target = tuple[JoinContext, str]  # a join the run reports to, and its branch name there
+
+
+@dataclass
+class _Task:
+    """One attempt of a task: node, super-step, and the routes its conditional edges chose."""
+
+    node: str
+    step: int
+    namespace: str
+    graph_run: UUID
+    routes: list[tuple[Any, Any]] = field(default_factory=list)  # (BranchSpec, result)
+
+
+@dataclass
+class _SendSlot:
+    """A ``Send`` awaiting its task in the next super-step."""
+
+    target: Target
+    arg: Any
+    taken: bool = False
+
+
+@dataclass
+class _GraphRun:
+    """What the handler knows of one run of the graph."""
+
+    expected: dict[tuple[int, str], list[Target]] = field(
+        default_factory=lambda: defaultdict(list))
+    sends: dict[tuple[int, str], list[_SendSlot]] = field(
+        default_factory=lambda: defaultdict(list))
+    attempts: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    targets: dict[str, list[Target]] = field(default_factory=dict)  # task namespace -> joins
+    tasks: set[UUID] = field(default_factory=set)
+
+
+def _as_list(result: Any) -> list[Any]:
+    return list(result) if isinstance(result, (list, tuple)) else [result]
+
+
+class FaninCallbackHandler(BaseCallbackHandler):
+    """Turns the fan-outs and task results of runs of ``graph`` into Fanin messages."""
+
+    raise_error = True
+    run_inline = True
+
+    def __init__(self, graph: Any, emitter: Emitter, *, contract: str | None = None,
+                 deadline_s: float | None = None, allow_partial: bool | None = None,
+                 fail_fast: bool | None = None) -> None:
+        builder = getattr(graph, "builder", None)
+        if builder is None or not hasattr(builder, "branches"):
+            raise TypeError("attach a compiled StateGraph (builder.compile()), not "
+                            f"{type(graph).__name__}")
+        self._reporter = FanOutReporter(emitter, contract=contract, deadline_s=deadline_s,
+                                        allow_partial=allow_partial, fail_fast=fail_fast)
+        self._nodes = set(builder.nodes)
+        self._static: dict[str, set[str]] = defaultdict(set)
+        for source, target in builder.edges:
+            if target != END:
+                self._static[source].add(target)
+        # node -> run name of a conditional edge's path function -> its BranchSpecs, in the
+        # order LangGraph runs them (anonymous paths share one name: "RunnableCallable")
+        self._branches: dict[str, dict[str, list[Any]]] = defaultdict(dict)
+        for node, specs in builder.branches.items():
+            for spec in specs.values():
+                self._branches[node].setdefault(spec.path.get_name(), []).append(spec)
+        # add_node(destinations=...): a tuple of node names, or a dict node name -> label
+        self._declared = {name: set(spec.ends or ()) for name, spec in builder.nodes.items()}
+        self._plain = {name for name, channel in graph.channels.items()
+                       if isinstance(channel, LastValue)}
+        self._lock = threading.Lock()
+        self._runs: dict[UUID, _GraphRun] = {}
+        self._tasks: dict[UUID, _Task] = {}
+        self._routers: dict[UUID, tuple[_Task, Any]] = {}
+
+    # -- LangChain callbacks ----------------------------------------------------------------
+
+    def on_chain_start(self, serialized: dict[str, Any] | None, inputs: Any, *, run_id: UUID,
+                       parent_run_id: UUID | None = None, tags: list[str] | None = None,
+                       metadata: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        """A task attempt starts (or a conditional edge's path function, inside a task)."""
+        meta = metadata or {}
+        name = kwargs.get("name")
+        with self._lock:
+            parent = self._tasks.get(parent_run_id) if parent_run_id else None
+            if parent is not None:
+                specs = self._branches.get(parent.node, {}).get(name, ())
+                seen = sum(1 for spec, _ in parent.routes if spec in specs)
+                if seen < len(specs):
+                    self._routers[run_id] = (parent, specs[seen])
+                return
+            node = meta.get("langgraph_node")
+            namespace = meta.get("langgraph_checkpoint_ns", "")
+            if (parent_run_id is None or node != name or node not in self._nodes
+                    or "|" in namespace or f"graph:step:{meta.get('langgraph_step')}"
+                    not in (tags or ())):
+                return
+            step = int(meta["langgraph_step"])
+            run = self._runs.get(parent_run_id)
+            if run is None:
+                run = self._runs[parent_run_id] = _GraphRun()
+                self._fan_out(run, parent_run_id, step, START, set(self._static[START]), [])
+            task = _Task(node, step, namespace, parent_run_id)
+            self._tasks[run_id] = task
+            run.tasks.add(run_id)
+            run.attempts[namespace] += 1
+            if namespace not in run.targets:
+                run.targets[namespace] = self._claim(run, task, meta, inputs)
+
+    def on_chain_end(self, outputs: Any, *, run_id: UUID, **kwargs: Any) -> None:
+        """A task attempt succeeded: receipts, then the fan-out it makes."""
+        with self._lock:
+            router = self._routers.pop(run_id, None)
+            if router is not None:
+                task, spec = router
+                task.routes.append((spec, outputs))
+                return
+            task = self._tasks.pop(run_id, None)
+            if task is None:
+                self._forget(run_id)
+                return
+            run = self._runs[task.graph_run]
+            run.tasks.discard(run_id)
+            update, goto = outputs, []
+            if isinstance(outputs, Command):
+                update = outputs.update
+                goto = [] if outputs.graph == Command.PARENT else _as_list(outputs.goto)
+            key, value = keyed(update, self._plain.__contains__)
+            attempt = run.attempts[task.namespace]
+            for ctx, branch in run.targets.get(task.namespace, ()):
+                self._reporter.ok(ctx, branch, value, key=key, attempt=attempt)
+            self._after(run, task, goto)
+
+    def on_chain_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
+        """A task attempt failed: an ``error`` receipt (interrupts excepted)."""
+        with self._lock:
+            self._routers.pop(run_id, None)
+            task = self._tasks.pop(run_id, None)
+            if task is None:
+                self._forget(run_id)
+                return
+            run = self._runs[task.graph_run]
+            run.tasks.discard(run_id)
+            if isinstance(error, GraphBubbleUp):
+                return
+            text = describe(type(error).__name__, str(error))
+            for ctx, branch in run.targets.get(task.namespace, ()):
+                self._reporter.error(ctx, branch, text, attempt=run.attempts[task.namespace])
+
+    def _forget(self, run_id: UUID) -> None:
+        """Drop what is kept for a graph run once it ends (any other run: nothing to do)."""
+        run = self._runs.pop(run_id, None)
+        if run is not None:
+            for task in run.tasks:
+                self._tasks.pop(task, None)
+
+    # -- fan-outs ---------------------------------------------------------------------------
+
+    def _claim(self, run: _GraphRun, task: _Task, meta: dict[str, Any],
+               inputs: Any) -> list[Target]:
+        """The joins a task reports to: those whose fan-out triggered it."""
+        path = meta.get("langgraph_path") or ()
+        if path and path[0] == _PUSH:
+            for slot in run.sends.get((task.step, task.node), ()):
+                if not slot.taken and slot.arg == inputs:
+                    slot.taken = True
+                    return [slot.target]
+            return []
+        return run.expected.pop((task.step, task.node), [])
+
+    def _after(self, run: _GraphRun, task: _Task, goto: Iterable[Any]) -> None:
+        """Open the fan-out of a finished task ``X`` of step ``N`` (branches run in N + 1)."""
+        possible = set(self._static[task.node]) | self._declared.get(task.node, set())
+        chosen: list[Any] = list(goto)
+        for spec, result in task.routes:
+            ends: dict[Hashable, str] | None = spec.ends
+            if ends:
+                possible.update(ends.values())
+            chosen.extend(r if isinstance(r, Send) or not ends else ends[r]
+                          for r in _as_list(result))
+        self._fan_out(run, task.graph_run, task.step + 1, task.node, possible, chosen)
+
+    def _fan_out(self, run: _GraphRun, graph_run: UUID, step: int, source: str,
+                 possible: set[str], chosen: list[Any]) -> None:
+        taken = set(self._static[source])
+        sends: list[tuple[str, Send]] = []
+        per_node: dict[str, int] = defaultdict(int)
+        for dest in chosen:
+            if isinstance(dest, Send):
+                sends.append((f"{dest.node}/{per_node[dest.node]}", dest))
+                per_node[dest.node] += 1
+            else:
+                taken.add(dest)
+        named = (possible | taken) - set(per_node) - {END}
+        taken -= {END}
+        ctx = self._reporter.open(named | {name for name, _ in sends},
+                                  taken | {name for name, _ in sends}, str(graph_run))
+        if ctx is None:
+            return
+        for node in taken:
+            run.expected[(step, node)].append((ctx, node))
+        for name, send in sends:
+            run.sends[(step, send.node)].append(_SendSlot((ctx, name), send.arg))
+
+
+def attach(graph: Any, emitter: Emitter, *, contract: str | None = None,
+           deadline_s: float | None = None, allow_partial: bool | None = None,
+           fail_fast: bool | None = None) -> Any:
+    """``graph`` (a compiled ``StateGraph``) with Fanin's callback handler bound to every run.
+
+    The join fields given here (``contract``, ``deadline_s``, ``allow_partial``,
+    ``fail_fast``) go into every open; ``None`` leaves them to the contract or the pipeline.
+    """
+    handler = FaninCallbackHandler(graph, emitter, contract=contract, deadline_s=deadline_s,
+                                   allow_partial=allow_partial, fail_fast=fail_fast)
+    return graph.with_config(callbacks=[handler])

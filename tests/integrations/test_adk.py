@@ -1,0 +1,136 @@
+"""Google ADK's own fan-in (a ``JoinNode``, session state) against Fanin's close of the same
+runs.
+
+Real ADK workflows of custom ``BaseAgent``s without a model (``examples/adk_fanout.py``), no
+network. Every variant runs the workflow with Fanin attached (each bounded by a timeout, as a
+join that waits must not hang the test), all emitted lines go through one bounded
+``fanin run``, and each close is compared with what ADK itself produced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from google.adk.runners import Runner
+from google.adk.sessions import InMemorySessionService
+from support.fanin_runs import join_ids, load_example, run_fanin
+
+from fanin.integrations.adk import FaninPlugin, attach
+from fanin.sdk import Emitter, MemorySink
+
+example = load_example("adk_fanout")
+QUESTION = "review this contract"
+BOUND_S = 30.0  # a run that has not finished by then is waiting forever
+
+VARIANTS: dict[str, Callable[[], Any]] = {
+    "agree": lambda: example.build(QUESTION),
+    "conflict": lambda: example.build(QUESTION, rank_state={"verdict": "rank disagrees"}),
+    "behind_route": lambda: example.build(QUESTION, join_behind_route=True),
+    "exhausted": lambda: example.build(QUESTION, failures=2),
+}
+Runs = dict[str, tuple[Any, Any]]
+
+
+async def _bounded(app: Any) -> Any:
+    try:
+        return await asyncio.wait_for(example.run(app), BOUND_S)
+    except Exception as exc:  # the framework's own failure is what is compared
+        return exc
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
+    """Variant -> (ADK's ``Outcome`` or the exception it raised, Fanin's close); "example" ->
+    (None, the closes of the example's joins). One ``fanin run`` folds them all."""
+    folder = tmp_path_factory.mktemp("adk")
+    outcomes: dict[str, Any] = {}
+    lines: dict[str, list[str]] = {}
+    for name, build in VARIANTS.items():
+        sink = MemorySink()
+        app = build()
+        attach(app, Emitter(sink))
+        outcomes[name] = asyncio.run(_bounded(app))
+        lines[name] = sink.lines
+    example.main(str(folder / "example.jsonl"))
+    example_lines = (folder / "example.jsonl").read_text().splitlines()
+    closes = run_fanin([*itertools.chain.from_iterable(lines.values()), *example_lines],
+                       folder)
+    result: Runs = {}
+    for name, emitted in lines.items():
+        (join_id,) = join_ids(emitted)  # one fan-out per run: exactly one join
+        result[name] = (outcomes[name], closes[join_id])
+    result["example"] = (None, [closes[j] for j in join_ids(example_lines)])
+    return result
+
+
+def test_where_the_join_node_fires_fanin_values_equal_its_output_and_the_state(
+        runs: Runs) -> None:
+    outcome, close = runs["agree"]
+    assert outcome.join_output == {"retrieve": [f"doc about {QUESTION}"], "rank": 0.9,
+                                   "summarize": "two docs, one relevant"}
+    assert outcome.state == {"verdict": "clause 4 is fine"}
+    assert close["reason"] == "complete"
+    assert close["required"] == ["rank", "retrieve", "review_legal", "review_tech", "summarize"]
+    assert close["pruned"] == ["review_tech"]
+    assert close["values"] == {**outcome.join_output, **outcome.state}
+    summarize = close["branches"]["summarize"]
+    assert (summarize["status"], summarize["attempt"]) == ("ok", 2)
+    assert close["counts"]["superseded"] == 1
+
+
+def test_two_branches_writing_one_state_key_last_write_wins_in_adk_conflict_in_fanin(
+        runs: Runs) -> None:
+    outcome, close = runs["conflict"]
+    # ADK: no error, the JoinNode fires, the state silently keeps one of the two writes
+    assert outcome.join_output is not None
+    assert outcome.state["verdict"] in ("rank disagrees", "clause 4 is fine")
+    assert close["reason"] == "timeout"
+    assert sorted((c["kind"], c["branch"], c["key"], c["value"]) for c in close["conflicts"]) \
+        == [("key_conflict", "rank", "verdict", "rank disagrees"),
+            ("key_conflict", "review_legal", "verdict", "clause 4 is fine")]
+    assert close["values"] == {"retrieve": [f"doc about {QUESTION}"],
+                               "summarize": "two docs, one relevant"}
+
+
+def test_a_join_node_behind_a_route_not_taken_never_fires_but_fanin_closes(
+        runs: Runs) -> None:
+    outcome, close = runs["behind_route"]
+    # ADK 2.x ends the invocation without ever running the JoinNode (within the bound)
+    assert not isinstance(outcome, BaseException)
+    assert outcome.join_output is None
+    assert close["reason"] == "complete"
+    assert close["pruned"] == ["review_tech"]
+    assert close["values"] == {"retrieve": [f"doc about {QUESTION}"], "rank": 0.9,
+                               "summarize": "two docs, one relevant",
+                               "review_legal": "clause 4 is fine"}
+
+
+def test_a_branch_that_fails_every_attempt_fails_the_run_and_the_join(runs: Runs) -> None:
+    outcome, close = runs["exhausted"]
+    assert isinstance(outcome, RuntimeError)
+    assert "summarize busy (call 2)" in str(outcome)
+    assert close["reason"] == "timeout"
+    assert close["failed"] == ["summarize"]
+    summarize = close["branches"]["summarize"]
+    assert (summarize["status"], summarize["attempt"], summarize["error"]) \
+        == ("error", 2, "RuntimeError: summarize busy (call 2)")
+
+
+def test_the_example_completes_both_routes(runs: Runs) -> None:
+    _, closes = runs["example"]
+    assert sorted((c["reason"], tuple(c["pruned"])) for c in closes) \
+        == [("complete", ("review_legal",)), ("complete", ("review_tech",))]
+
+
+def test_attach_registers_on_a_runner_and_refuses_anything_else() -> None:
+    app = example.build(QUESTION)
+    runner = Runner(app=app, session_service=InMemorySessionService(),
+                    auto_create_session=True)
+    plugin = attach(runner, Emitter(MemorySink()))
+    assert isinstance(plugin, FaninPlugin) and runner.plugin_manager.plugins == [plugin]
+    with pytest.raises(TypeError, match="App or Runner"):
+        attach(object(), Emitter(MemorySink()))

@@ -1,0 +1,176 @@
+"""LangGraph's own fan-in against Fanin's close of the same runs.
+
+Real LangGraph, deterministic nodes (``examples/langgraph_fanout.py``), no model, no network.
+Every variant runs the graph with Fanin attached, all emitted lines go through one bounded
+``fanin run``, and each close is compared with what LangGraph itself produced: its final state
+where its super-step join succeeds, its error where it raises.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from langgraph.errors import InvalidUpdateError
+from langgraph.graph import END, START, StateGraph
+from langgraph.types import Send
+from support.fanin_runs import join_ids, load_example, run_fanin
+
+from fanin.integrations.langgraph import FaninCallbackHandler, attach
+from fanin.sdk import Emitter, MemorySink
+
+example = load_example("langgraph_fanout")
+CONTRACT_QUESTION = {"question": "review this contract"}
+WRITTEN = ("docs", "score", "summary", "verdict")  # the keys the five branches write
+
+
+def sends_graph() -> Any:
+    """A map step: ``split`` sends three packets to ``annotate``, which appends to a reducer."""
+    graph = StateGraph(example.Triage)
+    graph.add_node("split", lambda s: {})
+    graph.add_node("annotate", lambda packet: {"log": [f"note {packet['n']}"]})
+    graph.add_edge(START, "split")
+    graph.add_conditional_edges(
+        "split", lambda s: [Send("annotate", {"n": n}) for n in (3, 1, 2)], ["annotate"])
+    graph.add_edge("annotate", END)
+    return graph.compile()
+
+
+def _invoke(graph: Any) -> Any:
+    return graph.invoke(CONTRACT_QUESTION)
+
+
+def _ainvoke(graph: Any) -> Any:
+    return asyncio.run(graph.ainvoke(CONTRACT_QUESTION))
+
+
+def _per_run(graph: Any) -> Any:  # the handler passed per run instead of bound by attach
+    return graph.invoke(CONTRACT_QUESTION)
+
+
+VARIANTS: dict[str, tuple[Callable[[], Any], Callable[[Any], Any]]] = {
+    "agree": (example.build, _invoke),
+    "agree_async": (example.build, _ainvoke),
+    "different": (lambda: example.build(legal_writes={"score": 0.2}), _invoke),
+    "equal": (lambda: example.build(legal_writes={"score": 0.9}), _invoke),
+    "waiting": (lambda: example.build(join="waiting"), _invoke),
+    "exhausted": (lambda: example.build(failures=2), _invoke),
+    "sends": (sends_graph, lambda graph: graph.invoke({"question": "q"})),
+}
+
+
+Runs = dict[str, tuple[Any, Any]]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
+    """Variant -> (LangGraph's result or the exception it raised, Fanin's close); "example" ->
+    (None, the closes of the example's joins). One ``fanin run`` folds them all."""
+    folder = tmp_path_factory.mktemp("langgraph")
+    outcomes: dict[str, Any] = {}
+    lines: dict[str, list[str]] = {}
+    for name, (build, run) in VARIANTS.items():
+        sink = MemorySink()
+        try:
+            outcomes[name] = run(attach(build(), Emitter(sink)))
+        except Exception as exc:  # the framework's own failure is what is compared
+            outcomes[name] = exc
+        lines[name] = sink.lines
+    sink = MemorySink()
+    graph = example.build()
+    outcomes["per_run"] = graph.invoke(
+        CONTRACT_QUESTION, {"callbacks": [FaninCallbackHandler(graph, Emitter(sink))]})
+    lines["per_run"] = sink.lines
+    example.main(str(folder / "example.jsonl"))
+    example_lines = (folder / "example.jsonl").read_text().splitlines()
+    closes = run_fanin([*itertools.chain.from_iterable(lines.values()), *example_lines],
+                       folder)
+    result: Runs = {}
+    for name, emitted in lines.items():
+        (join_id,) = join_ids(emitted)  # one fan-out per run: exactly one join
+        result[name] = (outcomes[name], closes[join_id])
+    result["example"] = (None, [closes[j] for j in join_ids(example_lines)])
+    return result
+
+
+@pytest.mark.parametrize("variant", ["agree", "agree_async", "per_run"])
+def test_where_langgraph_joins_fanin_values_equal_its_state(
+        runs: Runs, variant: str) -> None:
+    state, close = runs[variant]
+    assert isinstance(state, dict) and state["merged"] is True  # LangGraph's fan-in ran
+    assert close["reason"] == "complete"
+    assert close["required"] == ["rank", "retrieve", "review_legal", "review_tech", "summarize"]
+    assert close["pruned"] == ["review_tech"]
+    assert close["values"] == {key: state[key] for key in WRITTEN}
+    assert close["conflicts"] == []
+    summarize = close["branches"]["summarize"]
+    assert (summarize["status"], summarize["attempt"]) == ("ok", 2)
+    assert close["counts"]["superseded"] == 1
+
+
+def test_concurrent_different_writes_raise_in_langgraph_and_are_a_conflict_in_fanin(
+        runs: Runs) -> None:
+    error, close = runs["different"]
+    assert isinstance(error, InvalidUpdateError)
+    assert "score" in str(error)
+    assert close["reason"] == "timeout"
+    assert sorted((c["kind"], c["branch"], c["key"], c["value"]) for c in close["conflicts"]) \
+        == [("key_conflict", "rank", "score", 0.9), ("key_conflict", "review_legal", "score", 0.2)]
+    assert close["values"] == {"docs": ["doc about review this contract"],
+                               "summary": "two docs, one relevant"}
+
+
+def test_concurrent_equal_writes_raise_in_langgraph_but_complete_in_fanin(
+        runs: Runs) -> None:
+    error, close = runs["equal"]
+    assert isinstance(error, InvalidUpdateError)
+    assert close["reason"] == "complete"
+    assert close["values"]["score"] == 0.9
+    assert close["conflicts"] == []
+
+
+def test_a_waiting_join_behind_a_route_not_taken_never_runs_but_fanin_closes(
+        runs: Runs) -> None:
+    state, close = runs["waiting"]
+    assert "merged" not in state  # add_edge([...5 branches], "merge") waited for review_tech
+    assert close["reason"] == "complete"
+    assert close["pruned"] == ["review_tech"]
+    assert close["values"] == {key: state[key] for key in WRITTEN}
+
+
+def test_a_branch_that_fails_every_attempt_fails_the_run_and_the_join(
+        runs: Runs) -> None:
+    error, close = runs["exhausted"]
+    assert type(error).__name__ == "TransientError"
+    assert close["reason"] == "timeout"
+    assert close["failed"] == ["summarize"]
+    summarize = close["branches"]["summarize"]
+    assert (summarize["status"], summarize["attempt"]) == ("error", 2)
+    assert summarize["error"] == "TransientError: summarizer busy (call 2)"
+
+
+def test_sends_are_numbered_branches_and_reducer_writes_add_up_as_in_langgraph(
+        runs: Runs) -> None:
+    state, close = runs["sends"]
+    assert close["reason"] == "complete"
+    assert close["required"] == ["annotate/0", "annotate/1", "annotate/2"]
+    # a reducer key is not a conflict: each packet's update is kept under its branch
+    assert close["values"] == {"annotate/0": {"log": ["note 3"]},
+                               "annotate/1": {"log": ["note 1"]},
+                               "annotate/2": {"log": ["note 2"]}}
+    assert sorted(itertools.chain.from_iterable(v["log"] for v in close["values"].values())) \
+        == sorted(state["log"])
+
+
+def test_attach_refuses_what_is_not_a_compiled_state_graph() -> None:
+    with pytest.raises(TypeError, match="compiled StateGraph"):
+        attach(object(), Emitter(MemorySink()))
+
+
+def test_the_example_completes_both_routes(runs: Runs) -> None:
+    _, closes = runs["example"]
+    assert sorted((c["reason"], tuple(c["pruned"])) for c in closes) \
+        == [("complete", ("review_legal",)), ("complete", ("review_tech",))]

@@ -1,0 +1,53 @@
+"""Helpers for the framework integration tests: load an example module, and fold emitted lines
+through the real ``fanin run`` (bounded, local runner) into closes by ``join_id``."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from fanin.cli import main as fanin_main
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+Closes = dict[str, dict[str, Any]]
+
+
+def load_example(name: str) -> ModuleType:
+    """The module ``examples/<name>.py``, registered in ``sys.modules`` (frameworks resolve
+    a state schema's annotations through its module)."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def join_ids(lines: Iterable[str]) -> list[str]:
+    """The ``join_id`` of every open among ``lines``, in order."""
+    return [m["join_id"] for m in map(json.loads, lines) if m.get("kind") == "open"]
+
+
+def run_fanin(lines: list[str], folder: Path) -> Closes:
+    """``fanin run`` over ``lines`` (written to ``folder``); its closes by ``join_id``.
+
+    Asserts that nothing went to ``late/`` or ``dead_letter/``: every emitted message must be
+    valid and folded into a close."""
+    traffic = folder / "traffic.jsonl"
+    traffic.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    out = folder / "out"
+    assert fanin_main(["run", "--input", str(traffic), "--output", str(out)]) == 0
+    for kind in ("late", "dead_letter"):
+        assert [line for f in (out / kind).glob("*.jsonl")
+                for line in f.read_text().splitlines()] == [], kind
+    closes = [json.loads(line) for f in (out / "closes").glob("*.jsonl")
+              for line in f.read_text().splitlines()]
+    return {c["join_id"]: c for c in closes}
