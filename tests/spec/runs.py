@@ -1,0 +1,113 @@
+"""One set of input lines through each implementation: the reference, the core, the bounded
+pipeline (FnApiRunner) and the watermark replay; outputs compared per join.
+
+Each runner returns the three outputs as lists of JSON objects (dead letters as written; the
+comparison keeps their ``error`` and ``raw`` only).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from fanin.contracts import records as R
+from fanin.contracts.catalog import Catalog
+from fanin.contracts.parsing import parse_message
+from fanin.core.closing import decide_all
+from fanin.core.outcomes import closed_outputs, rejected_outputs
+from fanin.pipelines.pipeline import RunConfig, run_pipeline
+from spec.invariants import KINDS, read_output_dir
+from spec.reference import Env, parse_lines
+
+__all__ = ["arrival_order", "bounded_run", "by_join", "core_run", "replay_run"]
+
+Outputs = dict[str, list[dict[str, Any]]]
+
+
+def arrival_order(lines: list[str], env: Env) -> list[str]:
+    """The lines sorted as the reference's event-time order (event time, opens first, text);
+    invalid lines keep their place at the front."""
+    by_join, _ = parse_lines(lines, env)
+    msgs = sorted((m for ms in by_join.values() for m in ms),
+                  key=lambda m: (m.time, m.kind != "open", m.raw))
+    valid = {m.line for m in msgs}
+    return [line for n, line in enumerate(lines, 1) if n not in valid] + [m.raw for m in msgs]
+
+
+def core_run(lines: list[str], env: Env) -> Outputs:
+    """The bounded decision core alone: valid records grouped by join, decided per join (the
+    per-join limit is not the core's: it is applied by the bounded close step)."""
+    catalog = Catalog(env.contracts, env.defaults)
+    groups: dict[str, list[Any]] = defaultdict(list)
+    found: Outputs = {kind: [] for kind in KINDS}
+    for number, line in enumerate(lines, start=1):
+        record, dead = parse_message(line, ("input", number), catalog.contracts)
+        if dead is not None:
+            found["dead_letter"].append(dead)
+        else:
+            groups[record[R.JOIN_ID]].append(record)
+    for records in groups.values():
+        closed, rejected = decide_all(records, catalog)
+        outputs = list(rejected_outputs(rejected, "undefined_join", ""))
+        if closed is not None:
+            outputs.extend(closed_outputs(closed))
+        for kind, obj in outputs:
+            found[kind].append(obj)
+    return found
+
+
+def _write_inputs(lines: list[str], folder: Path, contracts_yaml: str) -> tuple[Path, Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    data, contracts = folder / "input.jsonl", folder / "contracts.yaml"
+    data.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    contracts.write_text(contracts_yaml, encoding="utf-8")
+    return data, contracts
+
+
+def bounded_run(lines: list[str], folder: Path, contracts_yaml: str, env: Env) -> Outputs:
+    """``fanin run`` on a file (FnApiRunner)."""
+    data, contracts = _write_inputs(lines, folder, contracts_yaml)
+    run_pipeline(RunConfig(output=str(folder / "out"), inputs=[str(data)],
+                           contracts_path=str(contracts), defaults=env.defaults,
+                           max_messages_per_join=env.max_messages_per_join), [])
+    return read_output_dir(folder / "out")
+
+
+def replay_run(lines: list[str], folder: Path, contracts_yaml: str, env: Env) -> Outputs:
+    """``fanin run --replay --close-trigger watermark`` on the lines sorted by event time."""
+    data, contracts = _write_inputs(arrival_order(lines, env), folder, contracts_yaml)
+    defaults = dataclasses.replace(env.defaults, close_trigger="watermark")
+    run_pipeline(RunConfig(output=str(folder / "out"), inputs=[str(data)], replay=True,
+                           contracts_path=str(contracts), defaults=defaults,
+                           max_messages_per_join=env.max_messages_per_join), [])
+    return read_output_dir(folder / "out")
+
+
+def _close(close: dict[str, Any]) -> str:
+    """A close for comparison: the wording of a schema violation's ``detail`` is not part of
+    the contract (docs/spec.md §5 names the fields only)."""
+    conflicts = [{k: v for k, v in c.items() if k != "detail"} for c in close["conflicts"]]
+    return json.dumps({**close, "conflicts": conflicts}, sort_keys=True)
+
+
+def by_join(outputs: Outputs) -> dict[str, dict[str, list[str]]]:
+    """join id -> kind -> sorted canonical lines (dead letters as ``{error, raw}``)."""
+    found: dict[str, dict[str, list[str]]] = defaultdict(lambda: {k: [] for k in KINDS})
+    for close in outputs["closes"]:
+        found[close["join_id"]]["closes"].append(_close(close))
+    for late in outputs["late"]:
+        found[late["join_id"]]["late"].append(json.dumps(late, sort_keys=True))
+    for dead in outputs["dead_letter"]:
+        try:
+            join_id = json.loads(dead["raw"])["join_id"]
+        except (ValueError, TypeError, KeyError):
+            join_id = None
+        found[join_id]["dead_letter"].append(
+            json.dumps({"error": dead["error"], "raw": dead["raw"]}, sort_keys=True))
+    for kinds in found.values():
+        for lines in kinds.values():
+            lines.sort()
+    return dict(found)

@@ -1,0 +1,105 @@
+"""Differential test: the executable reference (tests/spec/reference.py) against the reducer
+core, the bounded pipeline (FnApiRunner) and the watermark replay, close for close and late
+line for late line, on generated joins (tests/spec/joins.py).
+
+``FANIN_SPEC_EXAMPLES`` (default 300) sets the number of core examples; the pipelines run
+batches of many joins each (one pipeline run per batch), about ``FANIN_SPEC_EXAMPLES`` joins in
+all. Locally: ``FANIN_SPEC_EXAMPLES=5000 .venv/bin/python -m pytest tests/spec -q``; add
+``FANIN_SPEC_SHRINK=1`` to shrink a core failure to a minimal batch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+from spec.invariants import check_run
+from spec.joins import CONTRACTS, CONTRACTS_YAML, HypothesisDraw, RandomDraw, batch_lines
+from spec.reference import Env, reference_outputs
+from spec.runs import bounded_run, by_join, core_run, replay_run
+
+EXAMPLES = int(os.environ.get("FANIN_SPEC_EXAMPLES", "300"))
+# Shrinking a failure to a minimal batch takes minutes; the failure message already shows the
+# smallest differing join, so the suite skips it unless FANIN_SPEC_SHRINK=1.
+PHASES = [Phase.explicit, Phase.generate] + \
+    ([Phase.shrink] if os.environ.get("FANIN_SPEC_SHRINK") == "1" else [])
+JOINS_PER_RUN = 200
+ENV = Env(CONTRACTS)
+
+
+def _lines_of(join_id: str | None, lines: list[str]) -> list[str]:
+    def owner(line: str) -> Any:
+        try:
+            return json.loads(line).get("join_id")
+        except ValueError:
+            return None
+    return [line for line in lines if owner(line) == join_id]
+
+
+def assert_same(lines: list[str], env: Env, found: dict[str, dict[str, list[Any]]]) -> None:
+    """Every implementation in ``found`` gives the reference's outputs, join by join; on a
+    difference, the smallest differing join's input and both outputs are shown."""
+    expected = reference_outputs(lines, env)
+    check_run(lines, expected)  # the oracle keeps the invariants itself
+    want = by_join(expected)
+    for name, outputs in found.items():
+        got = by_join(outputs)
+        differing = [j for j in sorted(set(want) | set(got), key=str)
+                     if want.get(j) != got.get(j)]
+        if differing:
+            join_id = min(differing, key=lambda j: len(_lines_of(j, lines)))
+            show = {kind: [json.loads(line) for line in objs]
+                    for kind, objs in want.get(join_id, {}).items()}
+            other = {kind: [json.loads(line) for line in objs]
+                     for kind, objs in got.get(join_id, {}).items()}
+            pytest.fail(
+                f"{name} differs from the reference on {len(differing)} join(s); "
+                f"join {join_id!r}, input:\n" + "\n".join(_lines_of(join_id, lines)) +
+                f"\nreference: {json.dumps(show, indent=1)}\n{name}: "
+                f"{json.dumps(other, indent=1)}", pytrace=False)
+
+
+@settings(max_examples=EXAMPLES, deadline=None, database=None, phases=PHASES,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(st.data())
+def test_core_equals_reference(data: st.DataObject) -> None:
+    draw = HypothesisDraw(data)
+    lines = batch_lines(draw, joins=draw.int(1, 3), spacing_ms=draw.pick([0, 3000]))
+    assert_same(lines, ENV, {"core": core_run(lines, ENV)})
+
+
+_pipeline_settings = settings(max_examples=max(1, EXAMPLES // JOINS_PER_RUN), deadline=None,
+                              database=None, phases=[Phase.generate],
+                              suppress_health_check=list(HealthCheck))
+
+
+@_pipeline_settings
+@given(seed=st.integers(0, 2**32 - 1))
+def test_bounded_and_watermark_replay_equal_reference(
+        seed: int, tmp_path_factory: pytest.TempPathFactory) -> None:
+    lines = batch_lines(RandomDraw(random.Random(seed)), JOINS_PER_RUN)
+    folder: Path = tmp_path_factory.mktemp("differential")
+    assert_same(lines, ENV, {
+        "bounded": bounded_run(lines, folder / "bounded", CONTRACTS_YAML, ENV),
+        "replay": replay_run(lines, folder / "replay", CONTRACTS_YAML, ENV),
+    })
+
+
+@_pipeline_settings
+@given(seed=st.integers(0, 2**32 - 1), limit=st.integers(1, 4))
+def test_per_join_limit_in_bounded_and_watermark_replay_equals_reference(
+        seed: int, limit: int, tmp_path_factory: pytest.TempPathFactory) -> None:
+    env = Env(CONTRACTS, max_messages_per_join=limit)
+    lines = batch_lines(RandomDraw(random.Random(seed)), JOINS_PER_RUN // 2)
+    folder: Path = tmp_path_factory.mktemp("limit")
+    assert_same(lines, env, {
+        "bounded": bounded_run(lines, folder / "bounded", CONTRACTS_YAML, env),
+        "replay": replay_run(lines, folder / "replay", CONTRACTS_YAML, env),
+    })
