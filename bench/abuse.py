@@ -81,7 +81,7 @@ def _child_wide(joins: int) -> dict[str, Any]:
 
     from fanin.contracts.catalog import Catalog, parse_contracts
     from fanin.contracts.parsing import parse_message
-    from fanin.transforms.reducer import JoinReducer
+    from fanin.core.reducer import JoinReducer
 
     catalog = Catalog(parse_contracts(CONTRACTS))
     names = frozenset(catalog.contracts)

@@ -30,7 +30,7 @@ from workloads import join_lines, join_records
 from fanin.contracts import records as R
 from fanin.contracts.catalog import Catalog
 from fanin.contracts.parsing import parse_message
-from fanin.transforms.reducer import JoinReducer
+from fanin.core.reducer import JoinReducer
 
 
 def _apply(records: list[R.Record], factory: Callable[[], object]) -> float:

@@ -63,10 +63,10 @@ from fanin.contracts import records as R
 from fanin.contracts.catalog import Catalog, JoinDefaults, load_contracts
 from fanin.contracts.parsing import parse_message
 from fanin.contracts.timefmt import format_ms, parse_rfc3339
+from fanin.core.outcomes import CLOSES, DEAD_LETTER, LATE
 from fanin.fleet.simulate import CONTRACTS_PATH, write_simulation
 from fanin.pipelines.pipeline import RunConfig, build, replay_horizon_ms, run_pipeline
 from fanin.transforms.join import JoinDoFn, JoinRecords
-from fanin.transforms.outcomes import CLOSES, DEAD_LETTER, LATE
 from fanin.transforms.parse import ParseMessages
 from fanin.transforms.read import numbered_lines
 from fanin.transforms.replay import build_replay
@@ -338,7 +338,7 @@ def _current_rss_mib() -> float:
 
 def _memory(joins: int) -> dict[str, float]:
     """Run in a fresh process: sizes of the streaming state and RSS of the reducers."""
-    from fanin.transforms.reducer import JoinReducer
+    from fanin.core.reducer import JoinReducer
 
     catalog = _catalog()
     coder = coders.FastPrimitivesCoder()

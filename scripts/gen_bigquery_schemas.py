@@ -1,4 +1,4 @@
-"""Regenerate (or with --check, verify) fanin/analysis/bigquery/<kind>.json from tables.py.
+"""Regenerate (or with --check, verify) fanin/contracts/bigquery/<kind>.json from tables.py.
 
 Usage: python scripts/gen_bigquery_schemas.py [--check]
 Exit code 1 with --check when a committed file differs from ``bigquery_schema_text(kind)``.
@@ -10,9 +10,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from fanin.analysis.tables import KINDS, bigquery_schema_text
+from fanin.contracts.tables import KINDS, bigquery_schema_text
 
-FOLDER = Path(__file__).resolve().parent.parent / "fanin" / "analysis" / "bigquery"
+FOLDER = Path(__file__).resolve().parent.parent / "fanin" / "contracts" / "bigquery"
 
 
 def main(argv: list[str] | None = None) -> int:

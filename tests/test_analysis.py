@@ -17,8 +17,10 @@ import duckdb
 import pyarrow.parquet as pq
 import pytest
 
-from fanin.analysis import cli, query, report, tables
+from fanin.analysis import cli, query, report
+from fanin.contracts import tables
 from fanin.contracts.timefmt import format_ms
+from fanin.io import parquet
 from fanin.io.files import atomic_write
 
 REPO = Path(__file__).resolve().parent.parent
@@ -93,7 +95,7 @@ def write_jsonl(root: Path, data: dict[str, list[dict[str, Any]]], name: str = "
 
 def write_parquet(root: Path, data: dict[str, list[dict[str, Any]]], name: str = "part-0") -> None:
     for kind, objs in data.items():
-        tables.write_parquet(kind, objs, root / kind, name)
+        parquet.write_parquet(kind, objs, root / kind, name)
 
 
 def select(root: Path, sql: str) -> list[tuple]:
@@ -150,16 +152,16 @@ def test_to_row_is_lossless_and_strict() -> None:
 def test_parquet_round_trip_and_partitions(tmp_path: Path) -> None:
     objs = sample(10)["closes"] + [json.loads(HAND_CLOSE)]
     objs[0] = {**objs[0], "closed_at": "2026-01-02T00:00:00.001Z"}
-    paths = tables.write_parquet("closes", objs, tmp_path / "closes", "b0")
+    paths = parquet.write_parquet("closes", objs, tmp_path / "closes", "b0")
     assert [Path(p).relative_to(tmp_path).as_posix() for p in paths] == [
         "closes/close_date=2026-01-01/b0.parquet", "closes/close_date=2026-01-02/b0.parquet"]
     back = [r for p in paths for r in pq.read_table(p).to_pylist()]
     assert sorted(back, key=lambda r: r["join_id"]) == sorted(
         tables.to_table("closes", objs).to_pylist(), key=lambda r: r["join_id"])
     assert pq.read_schema(paths[0]).remove_metadata().equals(tables.schema("closes"))
-    late = tables.write_parquet("late", [json.loads(HAND_LATE)], tmp_path / "late", "b0")
+    late = parquet.write_parquet("late", [json.loads(HAND_LATE)], tmp_path / "late", "b0")
     assert late == [str(tmp_path / "late" / "b0.parquet")]
-    assert tables.write_parquet("dead_letter", [], tmp_path / "dead_letter", "b0") == []
+    assert parquet.write_parquet("dead_letter", [], tmp_path / "dead_letter", "b0") == []
     assert not [p for p in tmp_path.rglob("*") if p.name.startswith(".")]
 
 
@@ -177,7 +179,7 @@ def test_atomic_write_leaves_nothing_on_failure(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("kind", tables.KINDS)
 def test_bigquery_schema_files_match(kind: str) -> None:
-    committed = (REPO / "fanin" / "analysis" / "bigquery" / f"{kind}.json").read_text()
+    committed = (REPO / "fanin" / "contracts" / "bigquery" / f"{kind}.json").read_text()
     assert committed == tables.bigquery_schema_text(kind)
     assert [f["name"] for f in json.loads(committed)] == tables.schema(kind).names
 

@@ -9,7 +9,7 @@ import apache_beam as beam
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from fanin.analysis.tables import bigquery_schema, to_bigquery_row
+from fanin.contracts.tables import bigquery_schema, to_bigquery_row
 from fanin.fleet.simulate import CONTRACTS_PATH
 from fanin.io.bigquery import WriteOutputTable, validate_dataset
 from fanin.pipelines.pipeline import RunConfig, build, catalog_for, run_pipeline

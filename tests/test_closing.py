@@ -7,7 +7,7 @@ from typing import Any
 from conftest import make_catalog, open_msg, receipt, records
 
 from fanin.contracts.timefmt import parse_rfc3339
-from fanin.transforms.closing import Closed, Pending, decide, decide_all
+from fanin.core.closing import Closed, Pending, decide, decide_all
 
 
 def outcome(messages: list[dict[str, Any]], **defaults: Any) -> tuple[Closed | None, list]:

@@ -12,7 +12,7 @@ import apache_beam as beam
 import pytest
 
 from fanin.pipelines.pipeline import RunConfig, build
-from fanin.runners import DryRunError, add_dry_run_option, dataflow, dry_run, maybe_dry_run
+from fanin.runners import DryRunError, dataflow, dry_run, maybe_dry_run
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "fanin" / "examples"
 IMAGE = "us-docker.pkg.dev/fanin-dry-run/fanin/fanin:2.77.0"
@@ -114,9 +114,7 @@ def test_problems_are_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
 
     monkeypatch.setattr(importlib.import_module("fanin.runners.dry_run"), "build",
                         build_with_flaws)
-    parser = argparse.ArgumentParser()
-    add_dry_run_option(parser)
-    args = parser.parse_args(["--dry-run", str(tmp_path / "g.json")])
+    args = argparse.Namespace(dry_run=str(tmp_path / "g.json"))
     broken = False
     assert maybe_dry_run(args, _config(), []) == 1
     report = dry_run(_config(), [], str(tmp_path / "g.json"))
@@ -141,9 +139,7 @@ def test_a_fn_beam_cannot_pickle_stops_the_dry_run(tmp_path: Path,
 
 
 def test_maybe_dry_run_without_the_option_does_nothing(tmp_path: Path) -> None:
-    parser = argparse.ArgumentParser()
-    add_dry_run_option(parser)
-    assert maybe_dry_run(parser.parse_args([]), _config(), []) is None
+    assert maybe_dry_run(argparse.Namespace(dry_run=None), _config(), []) is None
 
 
 @pytest.mark.parametrize("args, config, message", [

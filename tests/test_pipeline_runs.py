@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
+from fanin.cli import main
 from fanin.contracts.catalog import Catalog, JoinDefaults, load_contracts
 from fanin.contracts.parsing import parse_message
+from fanin.core.closing import decide_all
+from fanin.core.outcomes import closed_outputs, rejected_outputs
 from fanin.fleet.simulate import CONTRACTS_PATH, write_simulation
-from fanin.pipelines.cli import main
 from fanin.pipelines.pipeline import RunConfig, run_pipeline
-from fanin.transforms.closing import decide_all
-from fanin.transforms.outcomes import closed_outputs, rejected_outputs
 from fanin.transforms.read import numbered_lines
 from fanin.transforms.replay import scan_line
 

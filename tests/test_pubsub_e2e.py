@@ -11,12 +11,12 @@ from pathlib import Path
 import apache_beam as beam
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
+from support.pubsub_server import PubSubServer, pubsub_server_fixture
 
 from fanin.contracts.catalog import Catalog, load_contracts
 from fanin.contracts.timefmt import format_ms
 from fanin.fleet.simulate import CONTRACTS_PATH
 from fanin.pipelines.pipeline import RunConfig, build
-from fanin.testing import PubSubServer, pubsub_server_fixture
 
 TOPIC_IN = "projects/fanin-test/topics/receipts"
 SUB_IN = "projects/fanin-test/subscriptions/fanin"

@@ -21,9 +21,9 @@ import pytest
 from apache_beam.io.gcp.pubsub import ReadFromPubSub
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.pipeline import PipelineVisitor
+from support.pubsub_server import PubSubServer, pubsub_server_fixture
 
-from fanin.io import PublishJson, ReadMessages
-from fanin.testing import PubSubServer, pubsub_server_fixture
+from fanin.io.pubsub import PublishJson, ReadMessages
 
 TOPIC_IN = "projects/fanin-test/topics/in"
 SUB_IN = "projects/fanin-test/subscriptions/in"

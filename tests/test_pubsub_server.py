@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from google.api_core import exceptions
 from google.cloud import pubsub_v1
+from support.pubsub_server import PubSubServer, pubsub_server_fixture
 
-from fanin.io import PublishFailure, PublishSummary, publish_file
 from fanin.io.cli import add_subcommand
-from fanin.testing import PubSubServer, pubsub_server_fixture
+from fanin.io.pubsub import PublishFailure, PublishSummary, publish_file
 
 TOPIC = "projects/fanin-test/topics/receipts"
 SUB = "projects/fanin-test/subscriptions/receipts"

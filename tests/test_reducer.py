@@ -9,8 +9,8 @@ from conftest import make_catalog, open_msg, receipt, records
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fanin.transforms.closing import decide_all
-from fanin.transforms.reducer import JoinReducer
+from fanin.core.closing import decide_all
+from fanin.core.reducer import JoinReducer
 
 
 def close_of(messages: list[dict[str, Any]], **defaults: Any) -> dict[str, Any]:

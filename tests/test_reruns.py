@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from fanin.cli import main
 from fanin.fleet.simulate import CONTRACTS_PATH, write_simulation
-from fanin.pipelines.cli import main
 from fanin.pipelines.pipeline import RunConfig, run_pipeline
 
 KINDS = ("closes", "late", "dead_letter")

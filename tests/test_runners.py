@@ -19,7 +19,7 @@ from apache_beam.options.pipeline_options import (
     WorkerOptions,
 )
 
-from fanin.pipelines import cli
+from fanin import cli
 from fanin.runners import dataflow, default_sdk_image, direct, flink, portable, spark
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -188,7 +188,7 @@ def test_flex_parameters_are_fanin_run_options() -> None:
     names = main.parameter_names()
     argv = [f"--{name}={value}" for name, value in EXAMPLES.items()]
     argv += ["--runner=DataflowRunner", "--project=my-project"]
-    args, rest = cli._parser().parse_known_args(["run", *main.to_fanin_args(argv, names)])
+    args, rest = cli._parser("run").parse_known_args(["run", *main.to_fanin_args(argv, names)])
     assert rest == ["--runner=DataflowRunner", "--project=my-project"]  # Beam's, forwarded
     assert (args.subscription, args.output, args.close_trigger) == (
         EXAMPLES["subscription"], EXAMPLES["output"], "watermark")

@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 
 from fanin.analysis.query import QueryRefused, open_outputs, run_query
+from fanin.cli import main
 from fanin.contracts.catalog import ContractsError, load_contracts, parse_contracts
 from fanin.fleet.simulate import CONTRACTS_PATH
-from fanin.pipelines.cli import main
 
 FANIN = Path(__file__).resolve().parents[1] / "fanin"
 MARKER = "M4RK3R-9c1f-secret-receipt-value"

@@ -16,8 +16,8 @@ from apache_beam.utils.timestamp import Timestamp
 from conftest import make_catalog, open_msg, receipt
 
 from fanin.contracts.timefmt import parse_rfc3339
+from fanin.core.outcomes import CLOSES, DEAD_LETTER, LATE
 from fanin.transforms.join import JoinRecords
-from fanin.transforms.outcomes import CLOSES, DEAD_LETTER, LATE
 from fanin.transforms.parse import ParseMessages
 
 EPOCH_S = parse_rfc3339("2026-01-01T00:00:00Z") / 1000

@@ -10,7 +10,7 @@ Guarantees:
   (``--close_trigger=eager`` -> ``--close-trigger=eager``); booleans become
   ``--allow-partial`` / ``--no-allow-partial``; ``format=jsonl,parquet`` becomes one
   ``--format`` per value. Every other argument reaches Beam unchanged.
-- The job is built and submitted by ``fanin.pipelines.cli.main`` (``fanin run``), so a template
+- The job is built and submitted by ``fanin.cli.main`` (``fanin run``), so a template
   job is exactly the job ``fanin run`` builds with the same options. The exit code is
   ``fanin run``'s.
 """
@@ -56,6 +56,6 @@ def to_fanin_args(argv: Sequence[str], names: frozenset[str]) -> list[str]:
 
 
 if __name__ == "__main__":
-    from fanin.pipelines.cli import main
+    from fanin.cli import main
 
     sys.exit(main(["run", *to_fanin_args(sys.argv[1:], parameter_names())]))

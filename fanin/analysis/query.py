@@ -1,7 +1,7 @@
 """Read-only SQL over an output folder (SPEC §5) with DuckDB.
 
 ``open_outputs(dir)`` returns an in-memory DuckDB connection with three views, ``closes``,
-``late`` and ``dead_letter``, whose columns are exactly ``fanin.analysis.tables.schema(kind)``
+``late`` and ``dead_letter``, whose columns are exactly ``fanin.contracts.tables.schema(kind)``
 (top-level JSON-text columns ``values``, ``message``, ``source`` typed ``JSON``; timestamps
 ``TIMESTAMP WITH TIME ZONE`` in a UTC session), whichever files are present:
 
@@ -57,7 +57,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from fanin.analysis import tables
+from fanin.contracts import tables
 from fanin.contracts.timefmt import format_ms
 from fanin.io.files import atomic_write
 

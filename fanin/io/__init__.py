@@ -1,21 +1,7 @@
-"""Pub/Sub I/O for Fanin: Beam composites, a file publisher and the ``publish`` subcommand."""
+"""Beam I/O for Fanin: Pub/Sub (``pubsub``), BigQuery (``bigquery``), Parquet files
+(``parquet``), local and remote file helpers (``files``), and the ``publish`` subcommand
+(``cli``).
 
-from fanin.io.pubsub import (
-    PublishFailure,
-    PublishJson,
-    PublishSummary,
-    ReadMessages,
-    parse_event_time_ms,
-    publish_file,
-    validate_topic_path,
-)
-
-__all__ = [
-    "PublishFailure",
-    "PublishJson",
-    "PublishSummary",
-    "ReadMessages",
-    "parse_event_time_ms",
-    "publish_file",
-    "validate_topic_path",
-]
+Nothing is imported here, so that ``fanin.io.files`` (standard library only) can be used
+without loading Apache Beam or the Pub/Sub client.
+"""

@@ -3,8 +3,8 @@
 Guarantees:
 - ``WriteOutputTable(dataset, kind)`` writes each object as one row of ``<dataset>.<kind>``
   (``closes``, ``late``, ``dead_letter``) with the committed schema
-  (``fanin/analysis/bigquery/<kind>.json``, the same columns as the Parquet files), creating
-  the table if needed and appending. Rows are converted by ``fanin.analysis.tables
+  (``fanin/contracts/bigquery/<kind>.json``, the same columns as the Parquet files), creating
+  the table if needed and appending. Rows are converted by ``fanin.contracts.tables
   .to_bigquery_row``, so a row that breaks the schema fails here, loudly, not in BigQuery.
 - Bounded runs load with file loads; streaming runs use the Storage Write API at least once
   (``STORAGE_API_AT_LEAST_ONCE``: the reducer's outputs are per join, duplicates on retry carry
@@ -19,7 +19,7 @@ import re
 import apache_beam as beam
 from apache_beam.io.gcp.bigquery import BigQueryDisposition, WriteToBigQuery
 
-from fanin.analysis.tables import bigquery_schema, to_bigquery_row
+from fanin.contracts.tables import bigquery_schema, to_bigquery_row
 
 __all__ = ["WriteOutputTable", "validate_dataset"]
 

@@ -24,8 +24,8 @@ from apache_beam.options.pipeline_options import PipelineOptions, StandardOption
 
 from fanin.contracts.catalog import Catalog, JoinDefaults, load_contracts
 from fanin.contracts.parsing import DEFAULT_MAX_BYTES
+from fanin.core.outcomes import CLOSES, DEAD_LETTER, LATE
 from fanin.transforms.join import JoinRecords
-from fanin.transforms.outcomes import CLOSES, DEAD_LETTER, LATE
 from fanin.transforms.parse import ParseMessages
 from fanin.transforms.read import ReadNumberedLines, expand_inputs, numbered_lines
 from fanin.transforms.replay import build_replay

@@ -8,7 +8,6 @@ network. See ``docs/runners.md``.
 from fanin.runners.dry_run import (
     DryRunError,
     DryRunReport,
-    add_dry_run_option,
     dry_run,
     maybe_dry_run,
     stable_names,
@@ -18,7 +17,6 @@ from fanin.runners.presets import dataflow, default_sdk_image, direct, flink, po
 __all__ = [
     "DryRunError",
     "DryRunReport",
-    "add_dry_run_option",
     "dataflow",
     "default_sdk_image",
     "direct",

@@ -55,7 +55,6 @@ from fanin.runners.presets import validate_dataflow_location, validate_gcs_path
 __all__ = [
     "DryRunError",
     "DryRunReport",
-    "add_dry_run_option",
     "dry_run",
     "maybe_dry_run",
     "stable_names",
@@ -326,14 +325,6 @@ def dry_run(config: RunConfig, beam_args: Sequence[str], out_path: str) -> DryRu
         transform_names=tuple(names), pickled=checks.pickled,
         key_coders=tuple(checks.key_coders), dataflow_job=job is not None,
         skipped=tuple(skipped), problems=tuple(problems))
-
-
-def add_dry_run_option(run_parser: argparse.ArgumentParser) -> None:
-    """Add ``--dry-run FILE`` to the ``fanin run`` parser (``args.dry_run``, default None)."""
-    run_parser.add_argument(
-        "--dry-run", metavar="FILE", default=None,
-        help="build and check the job offline (pickling, deterministic key coders, option "
-             "checks), write its graph as JSON to FILE and exit without running it")
 
 
 def maybe_dry_run(args: argparse.Namespace, config: RunConfig, beam_args: Sequence[str]

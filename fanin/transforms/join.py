@@ -34,8 +34,8 @@ from apache_beam.utils.timestamp import Timestamp
 
 from fanin.contracts import records as R
 from fanin.contracts.catalog import Catalog
-from fanin.transforms.closing import Closed, Pending, Undefined, decide, decide_all, late_reason
-from fanin.transforms.outcomes import (
+from fanin.core.closing import Closed, Pending, Undefined, decide, decide_all, late_reason
+from fanin.core.outcomes import (
     CLOSES,
     DEAD_LETTER,
     LATE,
@@ -44,7 +44,7 @@ from fanin.transforms.outcomes import (
     log_close,
     rejected_outputs,
 )
-from fanin.transforms.reducer import JoinReducer
+from fanin.core.reducer import JoinReducer
 
 __all__ = ["JoinDoFn", "JoinRecords"]
 

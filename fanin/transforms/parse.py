@@ -19,7 +19,7 @@ from apache_beam.metrics import Metrics
 
 from fanin.contracts import records as R
 from fanin.contracts.parsing import DEFAULT_MAX_BYTES, parse_message
-from fanin.transforms.outcomes import DEAD_LETTER
+from fanin.core.outcomes import DEAD_LETTER
 
 __all__ = ["DEAD_LETTER", "ParseMessages"]
 

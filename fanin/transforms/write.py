@@ -67,7 +67,7 @@ def _write_shard(folder: str, kind: str, formats: Sequence[str], base: str,
         _write_lines(path, ordered)
         written.append(path)
     if "parquet" in formats:
-        from fanin.analysis.tables import write_parquet
+        from fanin.io.parquet import write_parquet
 
         written.extend(write_parquet(kind, [json.loads(x) for x in ordered], folder, base))
     return written

@@ -35,9 +35,8 @@ Guarantees:
   malformed time raises ``ValueError`` naming the field; every input field lands in a column.
   Only the dead letter's ``detail`` and ``raw_base64`` may be absent (then NULL).
   Rows hold plain Python values with timestamps as epoch milliseconds (``int``).
-- ``write_parquet`` writes each file under a temporary hidden name in its final folder, fsyncs it
-  and ``os.replace``s it into place: a reader (or a crash) never sees a half-written
-  ``*.parquet``. Closes are hive-partitioned by the UTC date of ``closed_at``
+- Parquet files are written by ``fanin.io.parquet.write_parquet`` with these schemas; closes
+  are hive-partitioned by the UTC date of ``closed_at``
   (``DIR/closes/close_date=YYYY-MM-DD/<basename>.parquet``); the date is in the path only.
 - ``to_bigquery_row`` is ``to_row`` with timestamps rendered as RFC 3339 UTC text; it is
   JSON-serialisable and matches ``bigquery_schema`` (for ``WriteToBigQuery``).
@@ -46,17 +45,12 @@ Guarantees:
 from __future__ import annotations
 
 import json
-import os
-from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from fanin.contracts.timefmt import format_ms, parse_rfc3339
-from fanin.io.files import atomic_write
 
 __all__ = [
     "KINDS",
@@ -66,7 +60,6 @@ __all__ = [
     "to_bigquery_row",
     "to_row",
     "to_table",
-    "write_parquet",
 ]
 
 KINDS = ("closes", "late", "dead_letter")
@@ -258,31 +251,6 @@ def to_table(kind: str, objs: Iterable[Mapping[str, Any]]) -> pa.Table:
     return pa.Table.from_pylist([to_row(kind, o) for o in objs], schema=schema(kind))
 
 
-def write_parquet(
-    kind: str, objs: Iterable[Mapping[str, Any]], out_dir: str | os.PathLike[str], basename: str
-) -> list[str]:
-    """Write ``objs`` as Parquet into the kind's folder ``out_dir`` (``DIR/<kind>``).
-
-    ``closes`` go to ``out_dir/close_date=YYYY-MM-DD/<basename>.parquet`` (one file per UTC date
-    of ``closed_at``, rows in input order), the others to ``out_dir/<basename>.parquet``. Returns
-    the sorted paths written; no objects -> no file. Each file appears atomically. Local paths
-    only. Raises ``ValueError`` (before writing anything) if an object is malformed.
-    """
-    if not basename or "/" in basename or basename.startswith((".", "_")):
-        raise ValueError(f"basename must be a plain, visible file name: {basename!r}")
-    groups: dict[Path, list[dict[str, Any]]] = defaultdict(list)
-    for obj in objs:
-        row = to_row(kind, obj)
-        folder = Path(out_dir)
-        if kind == "closes":
-            folder = folder / f"close_date={format_ms(row['closed_at'])[:10]}"
-        groups[folder / f"{basename}.parquet"].append(row)
-    for path, group in groups.items():
-        table = pa.Table.from_pylist(group, schema=schema(kind))
-        atomic_write(path, lambda fh, t=table: pq.write_table(t, fh, compression="zstd"))
-    return sorted(str(p) for p in groups)
-
-
 def _bq_field(field: pa.Field) -> dict[str, Any]:
     typ, mode = field.type, "NULLABLE" if field.nullable else "REQUIRED"
     if pa.types.is_list(typ):
@@ -309,7 +277,7 @@ def bigquery_schema(kind: str) -> list[dict[str, Any]]:
 
 
 def bigquery_schema_text(kind: str) -> str:
-    """The committed file text of ``fanin/analysis/bigquery/<kind>.json`` (indented, newline)."""
+    """The committed file text of ``fanin/contracts/bigquery/<kind>.json`` (indented, newline)."""
     return json.dumps(bigquery_schema(kind), indent=2) + "\n"
 
 

@@ -32,7 +32,7 @@ from typing import Any
 
 from fanin.contracts import records as R
 from fanin.contracts.catalog import Catalog
-from fanin.transforms.reducer import JoinReducer
+from fanin.core.reducer import JoinReducer
 
 __all__ = ["Closed", "Pending", "Undefined", "decide", "decide_all", "late_reason"]
 

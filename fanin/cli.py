@@ -6,6 +6,8 @@ Guarantees:
 - ``fanin run`` passes every option it does not know to Beam (``--runner``,
   ``--direct_num_workers``, ``--direct_running_mode``, Dataflow options, ...).
 - The runner is always explicit (see ``pipelines.pipeline.choose_runner``) and is logged.
+- Each subcommand's module is imported only when that subcommand runs: ``fanin --help``,
+  ``fanin query`` and ``fanin report`` never import Apache Beam.
 """
 
 from __future__ import annotations
@@ -19,8 +21,14 @@ from collections.abc import Sequence
 
 __all__ = ["main"]
 
-# Modules that add a subcommand with ``add_subcommand(subparsers)``.
-_PLUGINS = ("fanin.fleet.cli", "fanin.io.cli", "fanin.analysis.cli")
+# Subcommand -> (module that adds it with ``add_subcommand(subparsers)``, one-line help).
+# The module is imported only for its own subcommand; the others get a stub with the help.
+_PLUGINS: dict[str, tuple[str, str]] = {
+    "simulate": ("fanin.fleet.cli", "write simulated fleet traffic (JSON lines)"),
+    "publish": ("fanin.io.cli", "publish a JSON-lines file to a Pub/Sub topic"),
+    "query": ("fanin.analysis.cli", "run read-only SQL (DuckDB) over an output folder"),
+    "report": ("fanin.analysis.cli", "summarise an output folder"),
+}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -50,7 +58,7 @@ def _add_run(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--contracts", metavar="FILE", help="YAML contracts file")
     run.add_argument("--bigquery-dataset", metavar="PROJECT:DATASET",
                      help="also write closes, late and dead_letter to tables of this dataset "
-                     "(schemas in fanin/analysis/bigquery/)")
+                     "(schemas in fanin/contracts/bigquery/)")
     for kind in ("closes", "late", "dead-letter"):
         run.add_argument(f"--{kind}-topic", metavar="TOPIC",
                          help=f"also publish {kind.replace('-', ' ')} lines to this Pub/Sub "
@@ -72,9 +80,10 @@ def _add_run(subparsers: argparse._SubParsersAction) -> None:
     limits.add_argument("--shards", type=int, default=1, help="files per output per window")
     run.add_argument("--log-closes", action="store_true",
                      help="log one structured event per close (fanin.close logger)")
-    from fanin.runners.dry_run import add_dry_run_option
-
-    add_dry_run_option(run)
+    run.add_argument(
+        "--dry-run", metavar="FILE", default=None,
+        help="build and check the job offline (pickling, deterministic key coders, option "
+             "checks), write its graph as JSON to FILE and exit without running it")
     run.set_defaults(func=_run)
 
 
@@ -147,19 +156,31 @@ def _unknown_beam_args(args: Sequence[str]) -> list[str]:
     return parser.parse_known_args(list(args))[1]
 
 
-def _parser() -> _Parser:
+def _parser(command: str | None) -> _Parser:
+    """The parser, with the full definition of ``command`` only (stubs for the others)."""
     parser = _Parser(prog="fanin", description="Fan-in joins for agent graphs on Apache Beam.")
     subparsers = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    _add_run(subparsers)
-    for module in _PLUGINS:
-        importlib.import_module(module).add_subcommand(subparsers)
+    if command == "run":
+        _add_run(subparsers)
+    else:
+        subparsers.add_parser("run", help="run the join pipeline", add_help=False)
+    wanted = _PLUGINS[command][0] if command in _PLUGINS else None
+    for name, (module, text) in _PLUGINS.items():
+        if name in subparsers.choices:
+            continue
+        if module == wanted:
+            importlib.import_module(module).add_subcommand(subparsers)
+        else:
+            subparsers.add_parser(name, help=text, add_help=False)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
     logging.getLogger("fanin").setLevel(logging.INFO)
-    parser = _parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = next((a for a in argv if not a.startswith("-")), None)
+    parser = _parser(command)
     args, rest = parser.parse_known_args(argv)
     if args.command != "run" and rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")

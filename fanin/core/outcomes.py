@@ -18,7 +18,7 @@ from typing import Any
 
 from fanin.contracts import records as R
 from fanin.contracts.parsing import dead_letter
-from fanin.transforms.closing import Closed
+from fanin.core.closing import Closed
 
 __all__ = ["CLOSES", "DEAD_LETTER", "LATE", "closed_outputs", "late_object", "log_close",
            "rejected_outputs"]

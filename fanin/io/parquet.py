@@ -1,0 +1,48 @@
+"""Parquet output files: one schema per output kind (``fanin.contracts.tables``).
+
+Guarantees: each file appears atomically (written under a temporary name, then renamed);
+rows keep their input order; a malformed object raises ``ValueError`` before anything is
+written.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from fanin.contracts.tables import schema, to_row
+from fanin.contracts.timefmt import format_ms
+from fanin.io.files import atomic_write
+
+__all__ = ["write_parquet"]
+
+
+def write_parquet(
+    kind: str, objs: Iterable[Mapping[str, Any]], out_dir: str | os.PathLike[str], basename: str
+) -> list[str]:
+    """Write ``objs`` as Parquet into the kind's folder ``out_dir`` (``DIR/<kind>``).
+
+    ``closes`` go to ``out_dir/close_date=YYYY-MM-DD/<basename>.parquet`` (one file per UTC date
+    of ``closed_at``, rows in input order), the others to ``out_dir/<basename>.parquet``. Returns
+    the sorted paths written; no objects -> no file. Each file appears atomically. Local paths
+    only. Raises ``ValueError`` (before writing anything) if an object is malformed.
+    """
+    if not basename or "/" in basename or basename.startswith((".", "_")):
+        raise ValueError(f"basename must be a plain, visible file name: {basename!r}")
+    groups: dict[Path, list[dict[str, Any]]] = defaultdict(list)
+    for obj in objs:
+        row = to_row(kind, obj)
+        folder = Path(out_dir)
+        if kind == "closes":
+            folder = folder / f"close_date={format_ms(row['closed_at'])[:10]}"
+        groups[folder / f"{basename}.parquet"].append(row)
+    for path, group in groups.items():
+        table = pa.Table.from_pylist(group, schema=schema(kind))
+        atomic_write(path, lambda fh, t=table: pq.write_table(t, fh, compression="zstd"))
+    return sorted(str(p) for p in groups)
