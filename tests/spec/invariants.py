@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from fanin.contracts.timefmt import parse_rfc3339
+from spec.reference import rfc3339
 
 __all__ = ["KINDS", "check_run", "read_output_dir"]
 
@@ -124,7 +125,7 @@ def check_run(inputs: list[str | bytes], outputs: dict[str, list[dict[str, Any]]
             assert close is not None
             assert max(time, parse_rfc3339(close["opened_at"])) <= \
                 parse_rfc3339(close["closed_at"]), \
-                f"join {join_id!r}: a counted message at {time} ms is after closed_at " \
+                f"join {join_id!r}: a counted message at {rfc3339(time)} is after closed_at " \
                 f"{close['closed_at']}"
     for join_id, joined in by_join.items():
         total = sum(c["counts"]["messages"] for c in joined)

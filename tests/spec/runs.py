@@ -76,10 +76,11 @@ def bounded_run(lines: list[str], folder: Path, contracts_yaml: str, env: Env) -
     return read_output_dir(folder / "out")
 
 
-def replay_run(lines: list[str], folder: Path, contracts_yaml: str, env: Env) -> Outputs:
-    """``fanin run --replay --close-trigger watermark`` on the lines sorted by event time."""
+def replay_run(lines: list[str], folder: Path, contracts_yaml: str, env: Env,
+               trigger: str = "watermark") -> Outputs:
+    """``fanin run --replay --close-trigger <trigger>`` on the lines sorted by event time."""
     data, contracts = _write_inputs(arrival_order(lines, env), folder, contracts_yaml)
-    defaults = dataclasses.replace(env.defaults, close_trigger="watermark")
+    defaults = dataclasses.replace(env.defaults, close_trigger=trigger)
     run_pipeline(RunConfig(output=str(folder / "out"), inputs=[str(data)], replay=True,
                            contracts_path=str(contracts), defaults=defaults,
                            max_messages_per_join=env.max_messages_per_join), [])
