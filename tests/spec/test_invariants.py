@@ -94,14 +94,14 @@ def test_issue_cases_keep_the_invariants(mode: str, tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------ the checker catches...
-RUN = _lines(
+RUN = [*_lines(
     {"kind": "open", "join_id": "k", "opened_at": "2026-01-01T00:00:00Z", "contract": "short"},
     {"join_id": "k", "branch": "a", "status": "ok", "event_time": "2026-01-01T00:00:02Z"},
     {"join_id": "k", "branch": "b", "status": "ok", "event_time": "2026-01-01T00:00:04Z"},
     {"join_id": "k", "branch": "b", "status": "ok", "event_time": "2026-01-01T00:00:06Z",
      "value": 3},
     {"join_id": "k", "branch": "a", "status": "ok", "event_time": "2026-01-01T00:00:12Z"},
-) + ["not json"]
+), "not json"]
 
 
 @pytest.fixture
