@@ -66,6 +66,16 @@ class _NodeRun:
     done: bool = False
 
 
+@dataclass(frozen=True)
+class _Located:
+    """Where an event's node path points: the workflow and the node in its graph."""
+
+    path: str
+    workflow: str
+    node: str
+    graph_node: Any
+
+
 @dataclass
 class _Invocation:
     """What the plugin knows of one invocation."""
@@ -144,35 +154,55 @@ class FaninPlugin(BasePlugin):
 
     async def on_event_callback(self, *, invocation_context: Any, event: Any) -> None:
         """Outputs, routes, state writes and failed attempts of workflow nodes."""
-        path = event.node_info.path if event.node_info else None
-        if not path or "/" not in path:
-            return
-        parts = path.split("/")
-        workflow, node = parts[-2].split("@")[0], parts[-1].split("@")[0]
+        info = event.node_info
+        path = info.path if info is not None else None
         with self._lock:
             inv = self._invocation(invocation_context)
-            graph_node = self._node(workflow, node)
-            if graph_node is None:
-                return
-            run = self._run(inv, workflow, node, path)
-            actions = event.actions
-            if event.error_code and event.output is None:
-                run.errors += 1
-                run.output, run.route, run.state = None, None, {}
-                text = describe(str(event.error_code), event.error_message or "")
-                for ctx, branch in run.targets:
-                    self._reporter.error(ctx, branch, text, attempt=run.errors)
-                return
-            if actions is not None and actions.state_delta:
-                run.state.update(actions.state_delta)
-            if actions is not None and actions.route is not None:
-                run.route = actions.route
-            if event.output is not None:
-                run.output = event.output
-                if not isinstance(graph_node, BaseAgent):
-                    self._finish(inv, workflow, node, run)
+            own = self._locate(path)
+            if own is not None:
+                self._record(inv, own, event)
+            if event.output is not None and info is not None:
+                # a nested workflow's output is its terminal node's: it is named in output_for
+                for claimer in info.output_for or ():
+                    found = self._locate(claimer) if claimer != path else None
+                    if found is not None:
+                        self._output(inv, found, event.output)
 
     # -- bookkeeping ------------------------------------------------------------------------
+
+    def _locate(self, path: str | None) -> _Located | None:
+        """The workflow, node name and graph node of an event's node path."""
+        if not path or "/" not in path:
+            return None
+        parts = path.split("/")
+        workflow, node = parts[-2].split("@")[0], parts[-1].split("@")[0]
+        found = self._workflows.get(workflow)
+        graph = found.graph if found is not None else None
+        graph_node = next((n for n in graph.nodes if n.name == node), None) if graph else None
+        return None if graph_node is None else _Located(path, workflow, node, graph_node)
+
+    def _record(self, inv: _Invocation, at: _Located, event: Any) -> None:
+        run = self._run(inv, at.workflow, at.node, at.path)
+        actions = event.actions
+        if event.error_code and event.output is None:
+            run.errors += 1
+            run.output, run.route, run.state = None, None, {}
+            text = describe(str(event.error_code), event.error_message or "")
+            for ctx, branch in run.targets:
+                self._reporter.error(ctx, branch, text, attempt=run.errors)
+            return
+        if actions is not None and actions.state_delta:
+            run.state.update(actions.state_delta)
+        if actions is not None and actions.route is not None:
+            run.route = actions.route
+        if event.output is not None:
+            self._output(inv, at, event.output)
+
+    def _output(self, inv: _Invocation, at: _Located, output: Any) -> None:
+        run = self._run(inv, at.workflow, at.node, at.path)
+        run.output = output
+        if not isinstance(at.graph_node, BaseAgent):
+            self._finish(inv, at.workflow, at.node, run)
 
     def _invocation(self, invocation_context: Any) -> _Invocation:
         invocation_id = invocation_context.invocation_id
@@ -180,11 +210,6 @@ class FaninPlugin(BasePlugin):
         if inv is None:
             inv = self._invocations[invocation_id] = _Invocation(invocation_id)
         return inv
-
-    def _node(self, workflow: str, node: str) -> Any:
-        found = self._workflows.get(workflow)
-        graph = found.graph if found is not None else None
-        return next((n for n in graph.nodes if n.name == node), None) if graph else None
 
     def _run(self, inv: _Invocation, workflow: str, node: str, path: str | None) -> _NodeRun:
         """The current run of ``node``; a new one (claiming its joins) when it starts anew."""

@@ -15,8 +15,10 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from google.adk.apps import App
 from google.adk.runners import Runner
 from google.adk.sessions import InMemorySessionService
+from google.adk.workflow import START, JoinNode, Workflow
 from support.fanin_runs import join_ids, load_example, run_fanin
 
 from fanin.integrations.adk import FaninPlugin, attach
@@ -26,11 +28,25 @@ example = load_example("adk_fanout")
 QUESTION = "review this contract"
 BOUND_S = 30.0  # a run that has not finished by then is waiting forever
 
+
+
+def nested_app() -> App:
+    """A fan-out whose second branch is a whole workflow (its output: its terminal node's)."""
+    step = example.Step
+    research = Workflow(name="research", edges=[
+        (START, step(name="search", output=["hit"]), step(name="read", output="page"))])
+    plan, quote, join = step(name="plan", output="q"), step(name="quote", output=3), \
+        JoinNode(name="join")
+    return App(name="nested", root_agent=Workflow(name="top", edges=[
+        (START, plan), (plan, (quote, research)), (quote, join), (research, join)]))
+
+
 VARIANTS: dict[str, Callable[[], Any]] = {
     "agree": lambda: example.build(QUESTION),
     "conflict": lambda: example.build(QUESTION, rank_state={"verdict": "rank disagrees"}),
     "behind_route": lambda: example.build(QUESTION, join_behind_route=True),
     "exhausted": lambda: example.build(QUESTION, failures=2),
+    "nested": nested_app,
 }
 Runs = dict[str, tuple[Any, Any]]
 
@@ -118,6 +134,13 @@ def test_a_branch_that_fails_every_attempt_fails_the_run_and_the_join(runs: Runs
     summarize = close["branches"]["summarize"]
     assert (summarize["status"], summarize["attempt"], summarize["error"]) \
         == ("error", 2, "RuntimeError: summarize busy (call 2)")
+
+
+def test_a_nested_workflow_is_one_branch_reporting_its_terminal_output(runs: Runs) -> None:
+    outcome, close = runs["nested"]
+    assert outcome.join_output == {"quote": 3, "research": "page"}
+    assert close["reason"] == "complete"
+    assert close["values"] == outcome.join_output
 
 
 def test_the_example_completes_both_routes(runs: Runs) -> None:
