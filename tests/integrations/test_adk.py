@@ -41,12 +41,22 @@ def nested_app() -> App:
         (START, plan), (plan, (quote, research)), (quote, join), (research, join)]))
 
 
+def start_app() -> App:
+    """A fan-out straight from ``START``."""
+    step = example.Step
+    join = JoinNode(name="join")
+    quote, research = step(name="quote", output=3), step(name="research", output="page")
+    return App(name="start", root_agent=Workflow(name="top", edges=[
+        (START, (quote, research)), (quote, join), (research, join)]))
+
+
 VARIANTS: dict[str, Callable[[], Any]] = {
     "agree": lambda: example.build(QUESTION),
     "conflict": lambda: example.build(QUESTION, rank_state={"verdict": "rank disagrees"}),
     "behind_route": lambda: example.build(QUESTION, join_behind_route=True),
     "exhausted": lambda: example.build(QUESTION, failures=2),
     "nested": nested_app,
+    "start": start_app,
 }
 Runs = dict[str, tuple[Any, Any]]
 
@@ -136,8 +146,10 @@ def test_a_branch_that_fails_every_attempt_fails_the_run_and_the_join(runs: Runs
         == ("error", 2, "RuntimeError: summarize busy (call 2)")
 
 
-def test_a_nested_workflow_is_one_branch_reporting_its_terminal_output(runs: Runs) -> None:
-    outcome, close = runs["nested"]
+@pytest.mark.parametrize("variant", ["nested", "start"])
+def test_a_nested_workflow_branch_and_a_fan_out_from_start_agree(runs: Runs,
+                                                                  variant: str) -> None:
+    outcome, close = runs[variant]  # nested: "research" is a workflow ending in "read"
     assert outcome.join_output == {"quote": 3, "research": "page"}
     assert close["reason"] == "complete"
     assert close["values"] == outcome.join_output

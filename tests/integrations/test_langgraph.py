@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from langgraph.errors import InvalidUpdateError
 from langgraph.graph import END, START, StateGraph
-from langgraph.types import Send
+from langgraph.types import Command, Send
 from support.fanin_runs import join_ids, load_example, run_fanin
 
 from fanin.integrations.langgraph import FaninCallbackHandler, attach
@@ -36,6 +36,28 @@ def sends_graph() -> Any:
     graph.add_conditional_edges(
         "split", lambda s: [Send("annotate", {"n": n}) for n in (3, 1, 2)], ["annotate"])
     graph.add_edge("annotate", END)
+    return graph.compile()
+
+
+def start_graph() -> Any:
+    """A fan-out straight from ``START`` (static edges)."""
+    graph = StateGraph(example.Triage)
+    graph.add_node("retrieve", lambda s: {"docs": ["a doc"]})
+    graph.add_node("rank", lambda s: {"score": 0.5})
+    for node in ("retrieve", "rank"):
+        graph.add_edge(START, node)
+        graph.add_edge(node, END)
+    return graph.compile()
+
+
+def goto_graph() -> Any:
+    """``pick`` routes with ``Command(goto=...)`` among its declared destinations."""
+    graph = StateGraph(example.Triage)
+    graph.add_node("pick", lambda s: Command(goto="review_tech", update={"log": ["picked"]}),
+                   destinations=("review_legal", "review_tech"))
+    graph.add_node("review_legal", lambda s: {"verdict": "clause 4 is fine"})
+    graph.add_node("review_tech", lambda s: {"verdict": "code looks fine"})
+    graph.add_edge(START, "pick")
     return graph.compile()
 
 
@@ -59,6 +81,8 @@ VARIANTS: dict[str, tuple[Callable[[], Any], Callable[[Any], Any]]] = {
     "waiting": (lambda: example.build(join="waiting"), _invoke),
     "exhausted": (lambda: example.build(failures=2), _invoke),
     "sends": (sends_graph, lambda graph: graph.invoke({"question": "q"})),
+    "start": (start_graph, _invoke),
+    "goto": (goto_graph, _invoke),
 }
 
 
@@ -163,6 +187,15 @@ def test_sends_are_numbered_branches_and_reducer_writes_add_up_as_in_langgraph(
                                "annotate/2": {"log": ["note 2"]}}
     assert sorted(itertools.chain.from_iterable(v["log"] for v in close["values"].values())) \
         == sorted(state["log"])
+
+
+def test_a_fan_out_from_start_and_a_command_goto_are_joins_too(runs: Runs) -> None:
+    state, close = runs["start"]
+    assert (close["reason"], close["required"]) == ("complete", ["rank", "retrieve"])
+    assert close["values"] == {"docs": state["docs"], "score": state["score"]}
+    state, close = runs["goto"]
+    assert (close["reason"], close["pruned"]) == ("complete", ["review_legal"])
+    assert close["values"] == {"verdict": state["verdict"]} == {"verdict": "code looks fine"}
 
 
 def test_attach_refuses_what_is_not_a_compiled_state_graph() -> None:
