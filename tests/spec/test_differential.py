@@ -30,7 +30,7 @@ EXAMPLES = int(os.environ.get("FANIN_SPEC_EXAMPLES", "300"))
 # smallest differing join, so the suite skips it unless FANIN_SPEC_SHRINK=1.
 PHASES = [Phase.explicit, Phase.generate] + \
     ([Phase.shrink] if os.environ.get("FANIN_SPEC_SHRINK") == "1" else [])
-JOINS_PER_RUN = 200
+JOINS_PER_RUN = 150
 ENV = Env(CONTRACTS)
 
 
@@ -97,7 +97,7 @@ def test_bounded_and_watermark_replay_equal_reference(
 def test_per_join_limit_in_bounded_and_watermark_replay_equals_reference(
         seed: int, limit: int, tmp_path_factory: pytest.TempPathFactory) -> None:
     env = Env(CONTRACTS, max_messages_per_join=limit)
-    lines = batch_lines(RandomDraw(random.Random(seed)), JOINS_PER_RUN // 2)
+    lines = batch_lines(RandomDraw(random.Random(seed)), JOINS_PER_RUN // 3)
     folder: Path = tmp_path_factory.mktemp("limit")
     assert_same(lines, env, {
         "bounded": bounded_run(lines, folder / "bounded", CONTRACTS_YAML, env),
