@@ -23,14 +23,18 @@ Mapping (``docs/integrations.md``):
   same key with different values are a ``key_conflict`` (ADK keeps the last write).
 - "Finishes": an agent node (a ``BaseAgent``) at ADK's ``after_agent_callback``; any other
   node (function nodes, ``JoinNode``) at its first event carrying an output.
+- **``ParallelAgent``** (deprecated in ADK 2.x, still served): when it starts, one join with
+  its sub-agents required; each sub-agent reports ``ok`` at its ``after_agent_callback`` (value
+  and key as above, from the events it authored) or ``error`` at ``on_agent_error_callback``.
 
 Guarantees: one event loop drives an invocation and the callbacks change the plugin's state
 without awaiting, under a lock for invocations on other threads; an invocation's state is
 dropped when it ends. Errors of the sink propagate (ADK wraps plugin errors in
 ``RuntimeError``), so receipts are not lost silently. Limits: a non-agent node that finishes
 without an output is not reported (Fanin then reports it missing at the deadline); a node
-reached by several fan-outs in one wave is matched to them in trigger order; the deprecated
-``ParallelAgent`` is not covered (use a ``Workflow`` fan-out).
+reached by several fan-outs in one wave is matched to them in trigger order; node and
+sub-agent names must be unique in the app (agent callbacks get copies of the nodes, so names
+identify them).
 """
 
 from __future__ import annotations
@@ -65,6 +69,22 @@ class _NodeRun:
     errors: int = 0
     done: bool = False
 
+    def take(self, event: Any) -> None:
+        """Keep what an event of this run wrote: state, route, output."""
+        actions = event.actions
+        if actions is not None and actions.state_delta:
+            self.state.update(actions.state_delta)
+        if actions is not None and actions.route is not None:
+            self.route = actions.route
+        if event.output is not None:
+            self.output = event.output
+
+    def receipt(self) -> tuple[str | None, Any]:
+        """``(key, value)``: the one state key written, else the branch and the output."""
+        if len(self.state) == 1:
+            return keyed(self.state, lambda _: True)
+        return None, self.output
+
 
 @dataclass(frozen=True)
 class _Located:
@@ -84,6 +104,13 @@ class _Invocation:
     runs: dict[NodeKey, _NodeRun] = field(default_factory=dict)
     waiting: dict[NodeKey, deque[Target]] = field(default_factory=lambda: defaultdict(deque))
     started: set[str] = field(default_factory=set)  # workflows whose START fan-out is open
+    members: dict[str, _NodeRun] = field(default_factory=dict)  # running ParallelAgent members
+
+
+def _is_parallel(agent: Any) -> bool:
+    """Whether ``agent`` is a ``ParallelAgent``: deprecated in ADK 2.x in favour of
+    ``Workflow``, it may go within the supported range, so it is known by name, not imported."""
+    return any(cls.__name__ == "ParallelAgent" for cls in type(agent).__mro__)
 
 
 def _index(root: Any) -> tuple[dict[str, Workflow], dict[str, str]]:
@@ -136,28 +163,54 @@ class FaninPlugin(BasePlugin):
             self._invocations.pop(invocation_context.invocation_id, None)
 
     async def before_agent_callback(self, *, agent: BaseAgent, callback_context: Any) -> None:
-        """An agent node starts an attempt: its run (a retry continues the current one)."""
+        """An agent node starts an attempt: its run (a retry continues the current one); a
+        ``ParallelAgent`` starts: the fan-out to its sub-agents."""
         with self._lock:
             inv = self._invocation(callback_context.get_invocation_context())
+            if _is_parallel(agent):
+                names = [sub.name for sub in agent.sub_agents]
+                ctx = self._reporter.open(names, names, inv.invocation_id)
+                if ctx is not None:
+                    inv.members.update({name: _NodeRun(targets=[(ctx, name)])
+                                        for name in names})
             workflow = self._owners.get(agent.name)
             if workflow is not None:
                 self._run(inv, workflow, agent.name, None)
 
     async def after_agent_callback(self, *, agent: BaseAgent, callback_context: Any) -> None:
-        """An agent node finished: its receipts and its fan-out."""
+        """An agent node or a ``ParallelAgent`` member finished: its receipts (and a node's
+        fan-out)."""
         with self._lock:
             inv = self._invocation(callback_context.get_invocation_context())
+            member = inv.members.pop(agent.name, None)
+            if member is not None:
+                self._complete(member)
             workflow = self._owners.get(agent.name)
             run = inv.runs.get((workflow, agent.name)) if workflow is not None else None
             if run is not None and workflow is not None:
                 self._finish(inv, workflow, agent.name, run)
 
+    async def on_agent_error_callback(self, *, agent: BaseAgent, callback_context: Any,
+                                      error: Exception) -> None:
+        """A ``ParallelAgent`` member failed (workflow nodes report through error events)."""
+        with self._lock:
+            inv = self._invocation(callback_context.get_invocation_context())
+            member = inv.members.pop(agent.name, None)
+            if member is not None:
+                for ctx, branch in member.targets:
+                    self._reporter.error(ctx, branch, describe(type(error).__name__, str(error)),
+                                         attempt=1)
+
     async def on_event_callback(self, *, invocation_context: Any, event: Any) -> None:
-        """Outputs, routes, state writes and failed attempts of workflow nodes."""
+        """Outputs, routes, state writes and failed attempts of workflow nodes, and what
+        ``ParallelAgent`` members write."""
         info = event.node_info
         path = info.path if info is not None else None
         with self._lock:
             inv = self._invocation(invocation_context)
+            member = inv.members.get(event.author)
+            if member is not None:
+                member.take(event)
             own = self._locate(path)
             if own is not None:
                 self._record(inv, own, event)
@@ -183,7 +236,6 @@ class FaninPlugin(BasePlugin):
 
     def _record(self, inv: _Invocation, at: _Located, event: Any) -> None:
         run = self._run(inv, at.workflow, at.node, at.path)
-        actions = event.actions
         if event.error_code and event.output is None:
             run.errors += 1
             run.output, run.route, run.state = None, None, {}
@@ -191,10 +243,7 @@ class FaninPlugin(BasePlugin):
             for ctx, branch in run.targets:
                 self._reporter.error(ctx, branch, text, attempt=run.errors)
             return
-        if actions is not None and actions.state_delta:
-            run.state.update(actions.state_delta)
-        if actions is not None and actions.route is not None:
-            run.route = actions.route
+        run.take(event)
         if event.output is not None:
             self._output(inv, at, event.output)
 
@@ -226,15 +275,16 @@ class FaninPlugin(BasePlugin):
         inv.runs[key] = run
         return run
 
-    def _finish(self, inv: _Invocation, workflow: str, node: str, run: _NodeRun) -> None:
-        if run.done:
-            return
+    def _complete(self, run: _NodeRun) -> None:
         run.done = True
-        key, value = (keyed(run.state, lambda _: True) if len(run.state) == 1
-                      else (None, run.output))
+        key, value = run.receipt()
         for ctx, branch in run.targets:
             self._reporter.ok(ctx, branch, value, key=key, attempt=run.errors + 1)
-        self._fan_out(inv, workflow, node, run.route)
+
+    def _finish(self, inv: _Invocation, workflow: str, node: str, run: _NodeRun) -> None:
+        if not run.done:
+            self._complete(run)
+            self._fan_out(inv, workflow, node, run.route)
 
     def _fan_out(self, inv: _Invocation, workflow: str, node: str, route: Any) -> None:
         graph = self._workflows[workflow].graph

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from google.adk.agents import ParallelAgent, SequentialAgent
 from google.adk.apps import App
 from google.adk.runners import Runner
 from google.adk.sessions import InMemorySessionService
@@ -50,6 +51,20 @@ def start_app() -> App:
         (START, (quote, research)), (quote, join), (research, join)]))
 
 
+def parallel_app(verdicts: tuple[str, str] | None = None, failing: bool = False) -> App:
+    """``plan``, then a ``ParallelAgent`` of three members writing session state; with
+    ``verdicts`` the first two write ``verdict`` instead, with these different values; with
+    ``failing`` the third fails (a ``ParallelAgent`` does not retry)."""
+    step = example.Step
+    writes = [{"docs": ["a doc"]}, {"score": 0.9}, {"summary": "short"}]
+    if verdicts is not None:
+        writes[0], writes[1] = {"verdict": verdicts[0]}, {"verdict": verdicts[1]}
+    members = [step(name=name, state=state, failures=int(failing and name == "summarize"))
+               for name, state in zip(("retrieve", "rank", "summarize"), writes, strict=True)]
+    return App(name="parallel", root_agent=SequentialAgent(name="root", sub_agents=[
+        step(name="plan", output="q"), ParallelAgent(name="fan", sub_agents=members)]))
+
+
 VARIANTS: dict[str, Callable[[], Any]] = {
     "agree": lambda: example.build(QUESTION),
     "conflict": lambda: example.build(QUESTION, rank_state={"verdict": "rank disagrees"}),
@@ -57,6 +72,9 @@ VARIANTS: dict[str, Callable[[], Any]] = {
     "exhausted": lambda: example.build(QUESTION, failures=2),
     "nested": nested_app,
     "start": start_app,
+    "parallel": parallel_app,
+    "parallel_conflict": lambda: parallel_app(("relevant", "irrelevant")),
+    "parallel_failure": lambda: parallel_app(failing=True),
 }
 Runs = dict[str, tuple[Any, Any]]
 
@@ -153,6 +171,32 @@ def test_a_nested_workflow_branch_and_a_fan_out_from_start_agree(runs: Runs,
     assert outcome.join_output == {"quote": 3, "research": "page"}
     assert close["reason"] == "complete"
     assert close["values"] == outcome.join_output
+
+
+def test_a_parallel_agent_is_a_join_of_its_members_equal_to_the_session_state(
+        runs: Runs) -> None:
+    outcome, close = runs["parallel"]
+    assert close["reason"] == "complete"
+    assert close["required"] == ["rank", "retrieve", "summarize"]
+    assert close["values"] == outcome.state == {"docs": ["a doc"], "score": 0.9,
+                                                "summary": "short"}
+
+
+def test_parallel_members_writing_one_key_last_write_wins_in_adk_conflict_in_fanin(
+        runs: Runs) -> None:
+    outcome, close = runs["parallel_conflict"]
+    assert outcome.state["verdict"] in ("relevant", "irrelevant")  # ParallelAgent's docstring
+    assert close["reason"] == "timeout"
+    assert sorted((c["branch"], c["key"], c["value"]) for c in close["conflicts"]) \
+        == [("rank", "verdict", "irrelevant"), ("retrieve", "verdict", "relevant")]
+    assert close["values"] == {"summary": "short"}
+
+
+def test_a_failing_parallel_member_fails_the_run_and_the_join(runs: Runs) -> None:
+    outcome, close = runs["parallel_failure"]
+    assert isinstance(outcome, RuntimeError)
+    assert (close["reason"], close["failed"]) == ("timeout", ["summarize"])
+    assert close["branches"]["summarize"]["error"] == "RuntimeError: summarize busy (call 1)"
 
 
 def test_the_example_completes_both_routes(runs: Runs) -> None:
