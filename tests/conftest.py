@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+from support.emulator import EmulatorMissing, PubSubEmulator
 
 from fanin.contracts.catalog import Catalog, JoinDefaults, parse_contracts
 from fanin.contracts.parsing import parse_message
@@ -41,6 +45,30 @@ contracts:
 """
 
 BASE = "2026-01-01T00:00:00"
+
+
+@pytest.fixture(scope="session")
+def pubsub_emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PubSubEmulator]:
+    """Google's Pub/Sub emulator for the whole session, with ``PUBSUB_EMULATOR_HOST`` set to it
+    (restored afterwards). Fails the test in one line when the emulator is not installed."""
+    emulator = PubSubEmulator(Path(tmp_path_factory.mktemp("pubsub-emulator")))
+    missing = None
+    try:
+        emulator.start()
+    except EmulatorMissing as error:
+        missing = str(error)
+    if missing is not None:
+        pytest.fail(missing, pytrace=False)
+    previous = os.environ.get("PUBSUB_EMULATOR_HOST")
+    os.environ["PUBSUB_EMULATOR_HOST"] = emulator.host
+    try:
+        yield emulator
+    finally:
+        emulator.stop()
+        if previous is None:
+            os.environ.pop("PUBSUB_EMULATOR_HOST", None)
+        else:
+            os.environ["PUBSUB_EMULATOR_HOST"] = previous
 
 
 def ts(seconds: float) -> str:
