@@ -1,27 +1,29 @@
-"""The closing decision of SPEC §4 over one join's records (no Beam import).
+"""The closing decision of docs/spec.md §2 and §4 over one join's records (no Beam import).
 
-``decide(records, catalog, horizon)`` folds the records in event-time order (ties: all records
-of one millisecond are folded together) and finds the least time ``t`` at which the reducer
-over the records with event time <= ``t`` is complete (or, with ``fail_fast``, all required
-branches reported), before the deadline ``D`` of the records folded so far.
+``decide(records, catalog, horizon)`` walks the join's candidate times in order (every record's
+event time and every ``opened_at`` a receipt carries; records of one millisecond are folded
+together) with the definition in force at each time, and finds the least time ``t`` at which
+the reducer over the records with effective event time <= ``t`` is complete (or, with
+``fail_fast``, all required branches reported), no later than the deadline ``D``.
 
 Guarantees:
 - With ``horizon=None`` (every record of the join is known: bounded input) the result is the
-  exact event-time close of SPEC §4; it is a pure function of the set of records.
+  exact event-time close of docs/spec.md §4; it is a pure function of the set of records.
 - With a finite ``horizon`` (the watermark: every record with event time <= horizon is known)
   the decision never depends on records after the horizon unless the join's ``close_trigger``
   is ``eager``: an eager join closes at the first closable point among the records received,
   without waiting; a ``watermark`` join only when that point is <= horizon.
+- ``closed_at <= D`` of the closing definition, always, and ``closed_at >= opened_at``.
+  The close holds exactly the records with effective event time (``max(event_time,
+  opened_at)``) <= ``closed_at``; every other record of the join is late: reason
+  ``after_deadline`` if its event time > ``D``, else ``after_close``.
 - A deadline close happens only once the horizon reaches ``D``; it closes at ``D`` with reason
   ``partial`` (``allow_partial``) or ``timeout``. A join that is still undefined at ``D`` (no
   ``required`` from any source) is ``Undefined``: its records up to ``D`` are rejected with
   ``undefined_join`` and the later ones form a fresh join.
-- ``closed_at`` is never before the join's ``opened_at`` (records with an earlier event time
-  count as at ``opened_at``). Records with event time > ``closed_at`` are late: reason
-  ``after_deadline`` if their event time > ``D``, else ``after_close``.
-
-Choice where SPEC is silent (docs/semantics.md): the join's definition and deadline at time
-``t`` are those of the records with event time <= ``t``.
+- Records that move ``D`` before their own event time (a contract with a shorter deadline, an
+  earlier ``opened_at``) are late; the join closes at once, under the new definition, at the
+  least closable time in ``[opened_at, D]``, else at ``D`` (docs/spec.md §2).
 """
 
 from __future__ import annotations
@@ -82,44 +84,97 @@ def _closed(reducer: JoinReducer, closed_at: int, ordered: list[R.Record], start
                   defn.retention_ms, late)
 
 
+def _candidate_times(ordered: list[R.Record]) -> list[int]:
+    """The times at which the join's state can change: every record's event time and every
+    ``opened_at`` a receipt carries (records before ``opened_at`` count at ``opened_at``)."""
+    times = {record[_TIME] for record in ordered}
+    times.update(record[R.R_OPENED_AT] for record in ordered
+                 if record[R.KIND] != R.OPEN and record[R.R_OPENED_AT] is not None)
+    return sorted(times)
+
+
 def decide(records: list[R.Record], catalog: Catalog, horizon: int | None
            ) -> Closed | Undefined | Pending:
-    """Decide the close of one join from its records; see the module docstring."""
+    """Decide the close of one join from its records; see the module docstring.
+
+    The walk of docs/spec.md §2 "Definition over time": at each candidate time ``t`` in
+    order, first the deadline ``D`` in force (of the records before ``t``) is checked — past
+    it, the join was decided at ``D``; then the records at ``t`` are folded; if they moved
+    ``D`` before ``t`` the join closes at once under the new definition (``_moved_behind``);
+    else it closes at ``t`` when ``t >= opened_at`` and the reducer is closable.
+    """
     ordered = sorted(records, key=_BY_TIME)
     reducer = JoinReducer(catalog)
     add = reducer.add
     i, n = 0, len(ordered)
-    while i < n:
-        t = ordered[i][_TIME]
-        if i:  # the deadline of the records folded so far
-            deadline = reducer.deadline()
-            assert deadline is not None
-            if t > deadline:
-                return _at_deadline(reducer, ordered, i, deadline, horizon)
-        add(ordered[i])
-        i += 1
+    deadline: int | None = None  # D of the definition in force
+    for t in _candidate_times(ordered):
+        if deadline is not None and t > deadline:
+            return _at_deadline(reducer, ordered, i, deadline, horizon)
         while i < n and ordered[i][_TIME] == t:
             add(ordered[i])
             i += 1
-        if reducer.closable():
-            opened = reducer.opened_at()
-            assert opened is not None
-            closed_at = max(t, opened)
-            if horizon is None or closed_at <= horizon or \
+        if not i:  # a receipt's opened_at before every record: nothing is known yet
+            continue
+        deadline = _deadline(reducer)
+        if deadline < t:
+            return _moved_behind(reducer, ordered, i, t, horizon)
+        if reducer.closable() and t >= _opened_at(reducer):
+            if horizon is None or t <= horizon or \
                     reducer.definition.close_trigger == "eager":
-                deadline = reducer.deadline()
-                assert deadline is not None
-                return _closed(reducer, closed_at, ordered, i, deadline)
-            return Pending(closed_at)
-    if reducer.is_empty():
+                return _closed(reducer, t, ordered, i, deadline)
+            return Pending(t)
+    if deadline is None:
         return Pending(None)
-    deadline = reducer.deadline()
-    assert deadline is not None
     return _at_deadline(reducer, ordered, n, deadline, horizon)
+
+
+def _deadline(reducer: JoinReducer) -> int:
+    deadline = reducer.deadline()
+    if deadline is None:
+        raise ValueError("a join with records has a deadline")
+    return deadline
+
+
+def _opened_at(reducer: JoinReducer) -> int:
+    opened = reducer.opened_at()
+    if opened is None:
+        raise ValueError("a join with records has an opened_at")
+    return opened
+
+
+def _moved_behind(reducer: JoinReducer, ordered: list[R.Record], i: int, t: int,
+                  horizon: int | None) -> Closed | Undefined | Pending:
+    """The records at ``t`` moved ``D`` before ``t``: decide under the new definition.
+
+    The join closes at the least time in ``[opened_at, D]`` at which the reducer under the new
+    definition, over the records with effective event time up to it, is closable, else at
+    ``D``; the records at ``t`` (and any others after ``D``) are late. An undefined join
+    rejects every record up to ``t``. Needs every record up to ``t`` (``horizon >= t``).
+    """
+    if horizon is not None and horizon < t:
+        return Pending(t)
+    defn, opened, deadline = reducer.definition, _opened_at(reducer), _deadline(reducer)
+    if defn.required is None:
+        return Undefined(ordered[:i], ordered[i:], deadline)
+    pinned = JoinReducer(reducer.catalog)
+    pinned.pin(defn, opened, ordered[0][R.JOIN_ID])
+    j = 0
+    at = opened
+    while True:
+        while j < i and ordered[j][_TIME] <= at:
+            pinned.add(ordered[j])
+            j += 1
+        if pinned.closable():
+            return _closed(pinned, at, ordered, j, deadline)
+        if j == i or ordered[j][_TIME] > deadline:
+            return _closed(pinned, deadline, ordered, j, deadline)
+        at = ordered[j][_TIME]
 
 
 def _at_deadline(reducer: JoinReducer, ordered: list[R.Record], i: int, deadline: int,
                  horizon: int | None) -> Closed | Undefined | Pending:
+    """The watermark passes ``D`` of the definition in force, ``ordered[:i]`` folded."""
     if horizon is not None and horizon < deadline:
         return Pending(deadline)
     if not reducer.defined():

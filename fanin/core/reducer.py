@@ -149,9 +149,10 @@ class JoinReducer:
     # Fixed slots (no per-instance dict); containers most joins never need start as shared
     # read-only sentinels and are created on first write (fewer allocations, less GC work).
     __slots__ = ("_deadline", "_defn", "_fast", "_first", "_keys", "_lower", "_n_conflicts",
-                 "_n_missing", "_n_notok", "_opens", "_pruned", "_violations", "branches",
-                 "catalog", "contract_names", "duplicates", "messages", "min_event",
-                 "min_receipt_opened", "skips", "superseded")
+                 "_n_missing", "_n_notok", "_open_runs", "_opens", "_pinned", "_pruned",
+                 "_receipt_run", "_skip_keys", "_violations", "branches", "catalog",
+                 "contract_names", "duplicates", "messages", "min_event", "min_receipt_opened",
+                 "skips", "superseded")
 
     def __init__(self, catalog: Catalog) -> None:
         self.catalog = catalog
@@ -185,6 +186,26 @@ class JoinReducer:
         # defined, for the inline first-receipt path of ``add``; empty otherwise
         self._fast: Mapping[str, int] = _NO_MAP
         self._violations: dict[str, str | None] = _NO_MAP  # content -> schema error (cache)
+        # (opened_at, join_id) of a definition fixed by ``pin``; None: derived from the records
+        # run ids: the least among the receipts, and per distinct open the least of its copies
+        self._receipt_run: str | None = None
+        self._open_runs: dict[str, str] = _NO_MAP
+        # skipped path -> the least key among its skips, where a later skip had a lesser key
+        self._skip_keys: dict[str, str] = _NO_MAP
+        self._pinned: tuple[int, str] | None = None
+
+    def pin(self, definition: Definition, opened_at: int, join_id: str) -> None:
+        """Fix the join's definition and ``opened_at`` before any record is added.
+
+        Used when a later message defined the join so that its deadline lies before that
+        message (docs/spec.md §2): the close is decided under that definition over the
+        earlier records only, so the records no longer define it.
+        """
+        if self.messages:
+            raise ValueError("pin() must come before the first record")
+        self._pinned = (opened_at, join_id)
+        self._defn = None
+        self._redefine_to(definition)
 
     # What a pickle keeps: the records and counts. The definition (its schema validators do not
     # pickle) and everything derived from it are resolved again from the catalog on unpickling.
@@ -229,7 +250,11 @@ class JoinReducer:
 
     def _redefine(self) -> None:
         """Adopt the current definition; recount everything derived from it, in O(branches)."""
-        defn = self._resolve()
+        if self._pinned is None:
+            self._redefine_to(self._resolve())
+
+    def _redefine_to(self, defn: Definition) -> None:
+        """Adopt ``defn``; recount everything derived from it, in O(branches)."""
         if defn is self._defn:
             return
         self._defn = defn
@@ -378,6 +403,9 @@ class JoinReducer:
         if record[KIND] == OPEN:
             self._add_open(record)
             return
+        run = record[RUN_ID]
+        if run is not None and (self._receipt_run is None or run < self._receipt_run):
+            self._receipt_run = run
         if self._first is None or record[CONTRACT] is not None:
             self._note_receipt(record)
         status = record[R_STATUS]
@@ -444,8 +472,15 @@ class JoinReducer:
         return True
 
     def _add_open(self, record: R.Record) -> None:
+        run = record[RUN_ID]
+        if run is not None:
+            canon = record[O_CANON]
+            if self._open_runs is _NO_MAP:
+                self._open_runs = {}
+            if canon not in self._open_runs or run < self._open_runs[canon]:
+                self._open_runs[canon] = run
         redefine = self._note_contract(record[CONTRACT])
-        if self.messages == 1:
+        if self.messages == 1 and self._pinned is None:
             # a fresh join's open (the usual first message): define it without the general path
             self._first = record
             defn = self._defn = self.catalog.definition(
@@ -481,8 +516,14 @@ class JoinReducer:
         path = record[R_BRANCH]
         if self.skips is _NO_MAP:
             self.skips = {}
+        seen = self.skips.get(path)
         if not _keep_first(self.skips, path, record):
             self.duplicates += 1
+            least = self._skip_keys.get(path, seen[R_KEY]) if seen is not None else None
+            if least is not None and record[R_KEY] != least:
+                if self._skip_keys is _NO_MAP:
+                    self._skip_keys = {}
+                self._skip_keys[path] = min(least, record[R_KEY])
             return
         defn = self._defn
         if defn is not None and defn.required is not None:
@@ -564,6 +605,8 @@ class JoinReducer:
         return self._n_missing == self._n_notok and self.definition.fail_fast
 
     def opened_at(self) -> int | None:
+        if self._pinned is not None:
+            return self._pinned[0]
         first = self.defining_open()
         if first is not None:
             return first[TIME]
@@ -583,12 +626,14 @@ class JoinReducer:
         return deadline
 
     def run_id(self) -> str | None:
-        """The defining open's run_id, else the least run_id of the records kept."""
+        """The least run_id among the copies of the defining open, else the least among the
+        receipts."""
         first = self._first
-        if first is not None and first[RUN_ID] is not None:
-            return first[RUN_ID]
-        ids = [r[RUN_ID] for r in self._kept_records() if r[RUN_ID] is not None]
-        return min(ids) if ids else None
+        if first is not None:
+            run = self._open_runs.get(first[O_CANON])
+            if run is not None:
+                return run
+        return self._receipt_run
 
     def _kept_records(self) -> Iterator[R.Record]:
         """The distinct opens, first skips and top-attempt candidates (what a close shows)."""
@@ -636,7 +681,7 @@ class JoinReducer:
                 branches_out[path] = _receipt_view(record)
             else:
                 conflicts.append({"kind": "unknown_branch", "branch": path,
-                                  "key": record[R_KEY]})
+                                  "key": self._skip_keys.get(path, record[R_KEY])})
         values = self._values(writers, conflicts)
         if len(self._opens) > 1:
             conflicts.append({"kind": "open_conflict", "branch": None, "key": None,
@@ -700,6 +745,8 @@ class JoinReducer:
         return values
 
     def _join_id(self) -> str:
+        if self._pinned is not None:
+            return self._pinned[1]
         if self._first is not None:
             return self._first[JOIN_ID]
         for record in self._kept_records():  # every record of a join carries its join_id
