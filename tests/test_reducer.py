@@ -282,8 +282,8 @@ def test_identical_opens_are_duplicates_whatever_their_ids_and_time_spelling() -
     close = close_of(messages)
     assert close["reason"] == "complete" and close["conflicts"] == []
     assert close["counts"]["duplicates"] == 1
-    # the first of identical opens (by message_id, then run_id) gives the run_id, in any order
-    assert close["run_id"] == "r2" == close_of(messages[::-1])["run_id"]
+    # the least run_id among the copies of the defining open, in any order (docs/spec.md §5)
+    assert close["run_id"] == "r1" == close_of(messages[::-1])["run_id"]
 
 
 def test_conflicting_opens_at_one_time_the_least_canonical_json_defines() -> None:
