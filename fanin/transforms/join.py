@@ -34,7 +34,7 @@ from apache_beam.utils.timestamp import Timestamp
 
 from fanin.contracts import records as R
 from fanin.contracts.catalog import Catalog
-from fanin.core.closing import Closed, Pending, Undefined, decide, decide_all, late_reason
+from fanin.core.closing import Closed, Undefined, decide, late_reason
 from fanin.core.outcomes import (
     CLOSES,
     DEAD_LETTER,
@@ -54,6 +54,16 @@ _UNDEFINED = ("no required branches from the open, its contract or the defaults 
 _TOO_LARGE = "the join holds max_messages_per_join messages already"
 _MAX_TS_MS = GlobalWindow().max_timestamp().micros // 1000 - 1
 _NO_HORIZON = -(2**62)  # nothing is known to be complete before the first timer fires
+
+# META, the streaming join's bookkeeping (one list, one state read and write per arrival):
+# EPOCH  random id of the bag's current contents (the reducer cache is valid for one epoch)
+# COUNT  records in the bag
+# HORIZON the watermark as last seen by a timer (every record up to it is known)
+# WAKE   the time the DECIDE timer is set for, or None
+# TOMB   after a close: [close reason, closed_at, D, D + retention], else None
+# FULL   once the bag holds max_messages_per_join records, the final decision over them:
+#        [closed_at, D, close reason] of a close, or [None, D, None] of an undefined join
+EPOCH, COUNT, HORIZON, WAKE, TOMB, FULL = range(6)
 
 
 _PROGRESS_EVERY = 10_000
@@ -109,37 +119,52 @@ class _CloseGroups(_Counting):
         self._max_messages = max_messages
 
     def process(self, element: tuple[str, Iterable[R.Record]]) -> Iterator[Any]:
-        """Beyond ``max_messages`` (in event-time order) a record is late if the join closed
-        before its event time, as in the stream, else ``join_too_large``."""
+        """The per-join limit (docs/spec.md §4): a join holds its first ``max_messages``
+        records in arrival order (bounded input: event time, opens first, then the text).
+        A record beyond it is late if the join closed before its event time, starts the next
+        join if an undefined join was decided before it, else it is ``join_too_large``."""
         _, grouped = element
-        records = list(grouped)
-        overflow: list[R.Record] = []
-        if len(records) > self._max_messages:
-            records.sort(key=_arrival_order)
-            overflow = records[self._max_messages:]
-            records = records[:self._max_messages]
-        closed, rejected = decide_all(records, self._catalog)
+        pending = list(grouped)
         emit = self._emit
-        if rejected:
-            yield from emit(rejected_outputs(rejected, "undefined_join", _UNDEFINED))
-        too_large = overflow
-        if closed is not None:
-            yield from emit(closed_outputs(closed))
-            if overflow:
-                too_large = [r for r in overflow if r[R.TIME] <= closed.closed_at]
-                yield from emit((LATE, late_object(r, late_reason(r[R.TIME], closed.deadline),
-                                                   closed.reason))
-                                for r in overflow if r[R.TIME] > closed.closed_at)
-        if too_large:
-            yield from emit(rejected_outputs(too_large, "join_too_large", _TOO_LARGE))
+        while pending:
+            overflow: list[R.Record] = []
+            if len(pending) > self._max_messages:
+                pending.sort(key=_arrival_order)
+                overflow = pending[self._max_messages:]
+                pending = pending[:self._max_messages]
+            outcome = decide(pending, self._catalog, None)
+            if isinstance(outcome, Closed):
+                yield from emit(closed_outputs(outcome))
+                yield from emit(_overflow_outputs(overflow, outcome))
+                return
+            if not isinstance(outcome, Undefined):
+                raise ValueError(f"a bounded join must be decided, not {outcome!r}")
+            yield from emit(rejected_outputs(outcome.rejected, "undefined_join", _UNDEFINED))
+            later = [r for r in overflow if r[R.TIME] > outcome.deadline]
+            yield from emit(rejected_outputs([r for r in overflow if r[R.TIME] <= outcome.deadline],
+                                             "join_too_large", _TOO_LARGE))
+            pending = outcome.rest + later
+
+
+def _overflow_outputs(overflow: Iterable[R.Record], closed: Closed
+                      ) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Records beyond the per-join limit of a join that closes as ``closed``: late if after
+    ``closed_at``, else ``join_too_large``."""
+    for record in overflow:
+        if record[R.TIME] > closed.closed_at:
+            yield LATE, late_object(record, late_reason(record[R.TIME], closed.deadline),
+                                    closed.reason)
+        else:
+            yield from rejected_outputs([record], "join_too_large", _TOO_LARGE)
 
 
 class JoinDoFn(_Counting):
     """The streaming join: per ``join_id`` state in the global window, event-time timers.
 
-    State: ``MSGS`` (bag of the join's records), ``META`` (``(epoch, count, horizon, wake,
-    tombstone)``). Timers: ``DECIDE`` (event time: the next time the closing decision must be
-    re-asked) and ``EXPIRE`` (event time: tombstone end ``D + retention``).
+    State: ``MSGS`` (bag of the join's records), ``META`` (bookkeeping; its slots are named
+    by the module's ``EPOCH`` ... ``FULL`` constants). Timers: ``DECIDE`` (event time: the
+    next time the closing decision must be re-asked) and ``EXPIRE`` (event time: tombstone end
+    ``D + retention``).
 
     Guarantees:
     - ``eager`` joins close in ``process`` the moment the records received make them closable;
@@ -149,7 +174,9 @@ class JoinDoFn(_Counting):
     - A join closes at most once while its tombstone lives (until the watermark passes
       ``D + retention_s``). Records for a tombstoned join go to ``late``.
     - Every record received ends in exactly one output: in a close's ``counts.messages``, in
-      ``late`` or in ``dead_letter`` (undefined joins, or beyond ``max_messages_per_join``).
+      ``late`` or in ``dead_letter`` (undefined joins, or beyond ``max_messages_per_join``:
+      ``_overflow`` applies the same rule as the bounded plan, so a replay of input sorted by
+      event time gives the bounded result).
     - The order-independent reducer over the received records is cached per worker (LRU,
       validated against the state's epoch and count), so each arrival costs O(1) amortised;
       the cache is only an accelerator: state is the truth, a miss rebuilds from the bag.
@@ -213,8 +240,14 @@ class JoinDoFn(_Counting):
 
     def _settle(self, join_id: str, records: list[R.Record], meta_value: list[Any],
                 msgs: Any, meta: Any, decide_timer: Any, expire_timer: Any) -> Iterator[Any]:
-        """Ask the closing decision at the known horizon and apply what it says."""
-        epoch, count, horizon, wake, _ = meta_value
+        """Ask the closing decision at the known horizon and apply what it says.
+
+        Exits: a close (bag cleared, tombstone written, EXPIRE set); an undefined join (its
+        records rejected, the rest decided again as a fresh join); pending (DECIDE set to the
+        time to ask again, META written); or nothing left (all state and timers cleared).
+        """
+        epoch, count, horizon, wake = meta_value[EPOCH], meta_value[COUNT], \
+            meta_value[HORIZON], meta_value[WAKE]
         while records:
             outcome = decide(records, self._catalog, horizon)
             if isinstance(outcome, Closed):
@@ -223,7 +256,7 @@ class JoinDoFn(_Counting):
                 decide_timer.clear()
                 expiry = outcome.deadline + outcome.retention_ms
                 meta.write([epoch, 0, horizon, None,
-                            [outcome.reason, outcome.closed_at, outcome.deadline, expiry]])
+                            [outcome.reason, outcome.closed_at, outcome.deadline, expiry], None])
                 self._set(expire_timer, expiry + 1)
                 yield from self._emit(closed_outputs(outcome))
                 return
@@ -237,14 +270,48 @@ class JoinDoFn(_Counting):
                 for record in records:
                     msgs.add(record)
                 continue
-            assert isinstance(outcome, Pending)
             if outcome.wake_at is not None:
                 target = outcome.wake_at if wake is None or wake <= horizon \
                     else min(wake, outcome.wake_at)
                 self._set(decide_timer, target + 1)
-                meta.write([epoch, count, horizon, target, None])
+                meta.write([epoch, count, horizon, target, None, None])
             return
         self._clear(msgs, meta, decide_timer, expire_timer)
+
+    def _overflow(self, join_id: str, record: R.Record, value: list[Any], msgs: Any,
+                  meta: Any, decide_timer: Any, expire_timer: Any) -> Iterator[Any]:
+        """A record for a join whose bag is full (docs/spec.md §4, per-join limit).
+
+        The bag can take no more records, so the decision over it is final whatever the
+        watermark; it is computed once and kept in META. Exits: late (the join closes before
+        the record's event time); the next join (an undefined join decided before it: that
+        join is settled now and the record starts the next one); else ``join_too_large``.
+        """
+        full = value[FULL]
+        if full is None:
+            outcome = decide(list(msgs.read()), self._catalog, None)
+            if isinstance(outcome, Closed):
+                full = [outcome.closed_at, outcome.deadline, outcome.reason]
+            elif isinstance(outcome, Undefined):
+                full = [None, outcome.deadline, None]
+            else:
+                raise ValueError(f"a full join must be decided, not {outcome!r}")
+            value[FULL] = full
+            meta.write(value)
+        closed_at, deadline, reason = full
+        time = record[R.TIME]
+        if closed_at is not None and time > closed_at:
+            yield from self._emit([(LATE, late_object(record, late_reason(time, deadline),
+                                                      reason))])
+        elif closed_at is None and time > deadline:
+            msgs.add(record)
+            value[COUNT] += 1
+            value[HORIZON] = max(value[HORIZON], deadline)
+            value[FULL] = None
+            yield from self._settle(join_id, list(msgs.read()), value, msgs, meta,
+                                    decide_timer, expire_timer)
+        else:
+            yield from self._emit(rejected_outputs([record], "join_too_large", _TOO_LARGE))
 
     # --------------------------------------------------------------------- callbacks
     def process(self, element: tuple[str, R.Record],
@@ -252,18 +319,24 @@ class JoinDoFn(_Counting):
                 meta: Any = beam.DoFn.StateParam(META),
                 decide_timer: Any = beam.DoFn.TimerParam(DECIDE),
                 expire_timer: Any = beam.DoFn.TimerParam(EXPIRE)) -> Iterator[Any]:
+        """One arrival. Exits: late (a tombstone: the join closed already); the per-join
+        limit (``_overflow``); a decision now (the record is behind the known horizon, or the
+        join became closable: ``_settle``); else the record waits in the bag with DECIDE set
+        to the least of the pending wake time and the deadline."""
         join_id, record = element
         value = meta.read()
         if value is None:
-            value = [random.getrandbits(62), 0, _NO_HORIZON, None, None]
-        epoch, count, horizon, wake, tomb = value
+            value = [random.getrandbits(62), 0, _NO_HORIZON, None, None, None]
+        tomb = value[TOMB]
         if tomb is not None:
             close_reason, _, deadline, _ = tomb
             late = late_object(record, late_reason(record[R.TIME], deadline), close_reason)
             yield from self._emit([(LATE, late)])
             return
+        epoch, count, horizon, wake = value[EPOCH], value[COUNT], value[HORIZON], value[WAKE]
         if count >= self._max_messages:
-            yield from self._emit(rejected_outputs([record], "join_too_large", _TOO_LARGE))
+            yield from self._overflow(join_id, record, value, msgs, meta, decide_timer,
+                                      expire_timer)
             return
         cached = self._cache.get(join_id)
         msgs.add(record)
@@ -279,15 +352,16 @@ class JoinDoFn(_Counting):
                 reducer, record, horizon, wake)):
             # _settle writes META (or clears the state) on every path
             yield from self._settle(join_id, records or list(msgs.read()),
-                                    [epoch, count + 1, horizon, wake, None], msgs, meta,
+                                    [epoch, count + 1, horizon, wake, None, None], msgs, meta,
                                     decide_timer, expire_timer)
             return
         deadline = reducer.deadline()
-        assert deadline is not None
+        if deadline is None:
+            raise ValueError("a join with records has a deadline")
         target = deadline if wake is None or wake <= horizon else min(wake, deadline)
         if target != wake:
             self._set(decide_timer, target + 1)
-        meta.write([epoch, count + 1, horizon, target, None])  # one META write per arrival
+        meta.write([epoch, count + 1, horizon, target, None, None])  # one write per arrival
 
     @userstate.on_timer(DECIDE)
     def on_decide(self, key: Any = beam.DoFn.KeyParam, fired: Any = beam.DoFn.TimestampParam,
@@ -295,12 +369,14 @@ class JoinDoFn(_Counting):
                   meta: Any = beam.DoFn.StateParam(META),
                   decide_timer: Any = beam.DoFn.TimerParam(DECIDE),
                   expire_timer: Any = beam.DoFn.TimerParam(EXPIRE)) -> Iterator[Any]:
+        """The watermark passed a pending decision time: every record before it is known, so
+        the horizon moves there and the decision is asked again (``_settle``). Nothing to do
+        for a closed join (its tombstone waits for EXPIRE) or a cleared one."""
         value = meta.read()
-        if value is None or value[4] is not None:
+        if value is None or value[TOMB] is not None:
             return
-        # the watermark passed the timer: every record before it is known
-        value[2] = max(value[2], fired.micros // 1000 - 1)
-        value[3] = None
+        value[HORIZON] = max(value[HORIZON], fired.micros // 1000 - 1)
+        value[WAKE] = None
         yield from self._settle(key, list(msgs.read()), value, msgs, meta, decide_timer,
                                 expire_timer)
 
@@ -310,6 +386,7 @@ class JoinDoFn(_Counting):
                   meta: Any = beam.DoFn.StateParam(META),
                   decide_timer: Any = beam.DoFn.TimerParam(DECIDE),
                   expire_timer: Any = beam.DoFn.TimerParam(EXPIRE)) -> None:
+        """The tombstone's retention ended: drop all of the join's state and timers."""
         self._cache.pop(key, None)
         self._clear(msgs, meta, decide_timer, expire_timer)
 
