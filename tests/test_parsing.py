@@ -171,3 +171,11 @@ def test_the_receipt_fast_path_matches_pydantic_on_valid_receipts() -> None:
                 {**OK, "status": ["ok"]}, {**OK, "event_time": "2026-01-01"},
                 {**OK, "contract": ""}, {**OK, "branch": ""}):
         assert parsing._fast_receipt(bad, json.dumps(bad), SRC) is None
+
+
+def test_null_kind_is_a_receipt_and_an_empty_kind_is_refused() -> None:
+    fields = '"join_id":"j","branch":"a","status":"ok","event_time":"2026-01-01T00:00:00Z"'
+    rec, dead = parse_message('{"kind":null,' + fields + "}", ("f", 1), {})
+    assert dead is None and rec is not None and rec[R.KIND] == R.RECEIPT
+    _, dead = parse_message('{"kind":"",' + fields + "}", ("f", 1), {})
+    assert dead is not None and dead["error"] == "invalid_message"

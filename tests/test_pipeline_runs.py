@@ -165,3 +165,17 @@ def test_a_deadline_past_year_9999_closes_at_its_end_in_batch_and_replay(tmp_pat
         assert close["reason"] == "timeout"
         assert close["deadline"] == close["closed_at"] == "9999-12-31T23:59:59.999Z"
         assert close["counts"]["messages"] == 2
+
+
+@pytest.mark.parametrize("replay", [False, True])
+def test_a_byte_order_mark_at_the_start_of_a_file_is_not_part_of_its_first_message(
+        tmp_path: Path, replay: bool) -> None:
+    lines = ['{"kind":"open","join_id":"bom","opened_at":"2026-01-01T00:00:00Z",'
+             '"required":["a"]}',
+             '{"join_id":"bom","branch":"a","status":"ok","event_time":"2026-01-01T00:00:01Z"}']
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + "\n".join(lines).encode() + b"\n")
+    found = run(path, tmp_path / "out", replay=replay)
+    assert found["dead_letter"] == [] and found["late"] == []
+    assert [(c["join_id"], c["reason"], c["counts"]["messages"]) for c in found["closes"]] == \
+        [("bom", "complete", 2)]

@@ -190,7 +190,9 @@ def parse_message(data: bytes | str, source: Source, contracts: Container[str],
     if not isinstance(obj, dict):
         return None, dead_letter("not_object", f"a JSON {type(obj).__name__}, not an object",
                                  text, source)
-    kind = obj.get("kind", "receipt")
+    kind = obj.get("kind")
+    if kind is None:  # absent or null: a receipt (null means absent, docs/spec.md §1)
+        kind = "receipt"
     try:
         if kind == "receipt":
             record = _fast_receipt(obj, text, source) or \

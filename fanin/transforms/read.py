@@ -39,9 +39,16 @@ def expand_inputs(patterns: Sequence[str]) -> list[str]:
     return list(dict.fromkeys(paths))
 
 
+_BOM = b"\xef\xbb\xbf"
+
+
 def numbered_lines(path: str) -> Iterator[tuple[bytes, Source]]:
+    """The non-empty lines of a file with their numbers (from 1), without line endings; a
+    UTF-8 byte order mark at the start of the file is not part of its first line."""
     with FileSystems.open(path) as handle:
         for number, line in enumerate(handle, start=1):
+            if number == 1 and line.startswith(_BOM):
+                line = line[len(_BOM):]
             if line.endswith(b"\n"):
                 line = line[:-1]
                 if line.endswith(b"\r"):
