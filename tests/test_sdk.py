@@ -62,7 +62,7 @@ def ctx(clock: FakeClock) -> JoinContext:
 
 
 def messages(sink: MemorySink) -> list[dict[str, Any]]:
-    """Every emitted line, checked against SPEC §1 by the pipeline's own parser."""
+    """Every emitted line, checked against docs/spec.md §1 by the pipeline's own parser."""
     for line in sink.lines:
         _, dead = parse_message(line, {}, CONTRACTS)
         assert dead is None, dead
@@ -221,7 +221,7 @@ def test_non_json_values_fail_loudly(emitter: Emitter, sink: MemorySink,
 
 
 def test_oversized_message_is_refused(sink: MemorySink, ctx: JoinContext) -> None:
-    with pytest.raises(ValueError, match="over the limit"):
+    with pytest.raises(ValueError, match=r"too_large\): \d+ bytes > limit 100"):
         Emitter(sink, max_bytes=100).emit(ctx, "rank", "ok", value="x" * 200)
 
 

@@ -1,28 +1,44 @@
-"""Emitter SDK for agent code: join contexts, opens, receipts and sinks (SPEC §1).
+"""Emitter SDK for agent code: join contexts, opens, receipts and sinks (docs/spec.md §1).
 
 Typical use::
 
     from fanin.sdk import Emitter, JoinContext, JsonlFileSink
 
-    emitter = Emitter(JsonlFileSink("receipts.jsonl"))
-    ctx = JoinContext.new(contract="triage", run_id="run-1")
-    emitter.open(ctx)
+    with Emitter(JsonlFileSink("receipts.jsonl")) as emitter:   # closes (flushes) on exit
+        ctx = JoinContext.new(contract="triage", run_id="run-1")
+        emitter.open(ctx)
 
-    @emitter.branch(ctx, "retrieve")
-    def retrieve() -> list[str]:
-        return ["doc-1", "doc-2"]
+        @emitter.branch(ctx, "retrieve")
+        def retrieve() -> list[str]:
+            return ["doc-1", "doc-2"]
 
-    with emitter.receipt(ctx, "rank", key="score") as r:
-        r.value = 0.93
-    emitter.skip(ctx, "enrich")
-    emitter.close()
+        retrieve()
+        with emitter.receipt(ctx, "rank", key="score") as r:
+            r.value = 0.93
+        emitter.skip(ctx, "enrich")
 
-See ``fanin.sdk.emitter`` for the guarantees (one receipt per run, attempts, timeouts).
+See ``fanin.sdk.emitter`` for the guarantees (one receipt per run, attempts across processes,
+timeouts, what is refused) and ``fanin.sdk.sinks`` for delivery (flush deadlines, bounds, exit).
 """
 
 from fanin.sdk.context import Clock, JoinContext, now_rfc3339
-from fanin.sdk.emitter import DEFAULT_MAX_BYTES, ContextSource, Emitter, Receipt
-from fanin.sdk.messages import STATUSES, Status, encode_message, open_message, receipt_message
+from fanin.sdk.emitter import (
+    DEFAULT_MAX_BYTES,
+    AttemptSource,
+    ContextSource,
+    Emitter,
+    Receipt,
+)
+from fanin.sdk.messages import (
+    ERROR_TEXT_LIMIT,
+    STATUSES,
+    MessageRefused,
+    Status,
+    encode_message,
+    fit_error,
+    open_message,
+    receipt_message,
+)
 from fanin.sdk.sinks import (
     EncodedMessage,
     JsonlFileSink,
@@ -30,11 +46,14 @@ from fanin.sdk.sinks import (
     PublishError,
     PubSubSink,
     Sink,
+    UnflushedMessagesWarning,
 )
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
+    "ERROR_TEXT_LIMIT",
     "STATUSES",
+    "AttemptSource",
     "Clock",
     "ContextSource",
     "Emitter",
@@ -42,12 +61,15 @@ __all__ = [
     "JoinContext",
     "JsonlFileSink",
     "MemorySink",
+    "MessageRefused",
     "PubSubSink",
     "PublishError",
     "Receipt",
     "Sink",
     "Status",
+    "UnflushedMessagesWarning",
     "encode_message",
+    "fit_error",
     "now_rfc3339",
     "open_message",
     "receipt_message",

@@ -1,4 +1,4 @@
-"""The join context: what a fan-out hands to each of its branches (SPEC §1 "join context").
+"""The join context: what a fan-out hands to each of its branches (docs/spec.md §1 "join context").
 
 Guarantees:
 - A ``JoinContext`` is immutable and carries exactly the fields every message of the join
@@ -9,6 +9,11 @@ Guarantees:
 - ``from_dict``/``from_json`` validate: a missing or mistyped field raises ``ValueError`` naming
   the field; unknown fields are refused, so a typo does not silently drop data.
 - ``JoinContext.new`` generates a random, unique ``join_id`` (UUID4 hex) unless one is given.
+- ``attempt`` (``None`` or an integer >= 1) lets a retry travel with the context: the process
+  that hands a failed branch to another process (a task queue, a retry worker) passes
+  ``ctx.with_attempt(n + 1)``; an ``Emitter`` receiving that context reports the branches it
+  runs with attempt ``n + 1`` or more (see ``fanin.sdk.emitter``). ``to_dict``/``to_json``
+  carry ``attempt`` only when it is set, so contexts without one are unchanged on the wire.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import json
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from fanin.contracts.timefmt import format_ms, parse_rfc3339
@@ -36,6 +41,7 @@ def now_rfc3339(clock: Clock = time.time) -> str:
 
 
 _FIELDS = ("join_id", "opened_at", "contract", "run_id")
+_OPTIONAL_FIELDS = ("attempt",)
 
 
 @dataclass(frozen=True)
@@ -46,6 +52,8 @@ class JoinContext:
     opened_at: str
     contract: str | None = None
     run_id: str | None = None
+    attempt: int | None = None
+    """The least attempt its holder reports for a branch (``None``: start at 1)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.join_id, str) or not 1 <= len(self.join_id) <= MAX_JOIN_ID_LENGTH:
@@ -62,6 +70,10 @@ class JoinContext:
                 raise ValueError(f"{name} must be a string or None")
         if self.contract == "":
             raise ValueError("contract must be a non-empty string or None")
+        if self.attempt is not None and (isinstance(self.attempt, bool)
+                                         or not isinstance(self.attempt, int)
+                                         or self.attempt < 1):
+            raise ValueError("attempt must be an integer >= 1 or None")
 
     @classmethod
     def new(cls, contract: str | None = None, run_id: str | None = None, *,
@@ -70,22 +82,29 @@ class JoinContext:
         return cls(join_id=join_id if join_id is not None else uuid.uuid4().hex,
                    opened_at=now_rfc3339(clock), contract=contract, run_id=run_id)
 
+    def with_attempt(self, attempt: int | None) -> JoinContext:
+        """This context for a retry: its holder reports attempt ``attempt`` or later."""
+        return replace(self, attempt=attempt)
+
     def to_dict(self) -> dict[str, Any]:
-        """All four fields (``None`` included), JSON-ready."""
-        return {name: getattr(self, name) for name in _FIELDS}
+        """The four identity fields (``None`` included) and ``attempt`` if set, JSON-ready."""
+        data = {name: getattr(self, name) for name in _FIELDS}
+        if self.attempt is not None:
+            data["attempt"] = self.attempt
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> JoinContext:
-        """Inverse of ``to_dict``; ``contract``/``run_id`` may be absent (``None``)."""
+        """Inverse of ``to_dict``; ``contract``/``run_id``/``attempt`` may be absent (``None``)."""
         if not isinstance(data, Mapping):
             raise ValueError("a join context must be a JSON object")
-        unknown = set(data) - set(_FIELDS)
+        unknown = set(data) - set(_FIELDS) - set(_OPTIONAL_FIELDS)
         if unknown:
             raise ValueError(f"unknown join context field(s): {sorted(unknown)}")
         for name in ("join_id", "opened_at"):
             if name not in data:
                 raise ValueError(f"join context lacks field {name!r}")
-        return cls(**{name: data.get(name) for name in _FIELDS})
+        return cls(**{name: data.get(name) for name in _FIELDS + _OPTIONAL_FIELDS})
 
     def to_json(self) -> str:
         """Compact JSON text of ``to_dict``."""

@@ -3,27 +3,46 @@
 Guarantees:
 - Every message gets a fresh ``message_id`` (UUID4 hex unless ``new_id`` is injected) and an
   ``event_time`` from the injected wall ``clock`` at the moment the result is known; an open's
-  event time is its context's ``opened_at``. Messages satisfy SPEC §1 exactly.
+  event time is its context's ``opened_at``. Messages satisfy docs/spec.md §1 exactly.
+- Nothing ``fanin run`` would dead-letter is sent. Each message is encoded, then checked by the
+  pipeline's own parser (``fanin.sdk.messages.refuse_unparsable``) with this emitter's
+  ``max_bytes`` (keep it equal to ``fanin run --max-bytes``): a refused message raises
+  ``MessageRefused`` (a ``ValueError``) naming the join, the branch, the dead-letter code and the
+  parser's reason, at the call, and nothing is sent. A value that is not JSON at all raises
+  ``TypeError``.
 - A branch run through ``branch`` (decorator) or ``receipt`` (context manager), sync or async,
   emits exactly one receipt: ``ok`` with the return value / ``r.value``; ``error`` with
-  ``"ExceptionType: text"`` when the body raises an ``Exception`` (which is then re-raised);
-  ``timeout`` when the body raises ``TimeoutError`` (``asyncio.wait_for`` enforces
+  ``"ExceptionType: text"`` when the body raises any ``Exception`` (which is then re-raised,
+  unchanged); ``timeout`` when the body raises ``TimeoutError`` (``asyncio.wait_for`` enforces
   ``timeout_s`` for async functions; the timeout is re-raised) or, for a body that cannot be
   interrupted (sync code, ``async with``), when it returns after more than ``timeout_s`` as
   measured by the injected monotonic ``timer`` (the value is then returned to the caller but
-  not reported). ``BaseException``\\s that are not ``Exception`` (cancellation,
-  ``KeyboardInterrupt``) emit nothing: the branch did not finish.
-- Attempts: each (join_id, branch) has a counter in this emitter; every non-skip receipt uses
-  the next attempt (1, 2, ...), so running a branch again for the same context is a retry.
-  Pass ``attempt=`` when retries happen in another process (e.g. a task queue's retry count);
-  the counter then continues after it. Counters are kept for the ``max_tracked`` most recently
-  used branches. Skips always carry attempt 1 and do not count (SPEC §3).
-- A value that is not JSON, or a message over ``max_bytes``, fails loudly: a ``TypeError``
-  (resp. ``ValueError``) is raised. Inside ``branch``/``receipt`` an ``error`` receipt stating
-  the problem is emitted first, so the join learns of the failure before its deadline.
+  not reported). The error text is made to fit (``fanin.sdk.messages.fit_error``: lone
+  surrogates escaped, cut at 16 KiB or at what ``max_bytes`` leaves, with a
+  ``[truncated: N characters]`` marker), so an exception never prevents its receipt. If the
+  returned value cannot be sent (not JSON, refused by the parser), an ``error`` receipt stating
+  why is emitted and the ``TypeError``/``MessageRefused`` is raised. A branch whose receipt
+  could never be sent (a branch name or key that alone exceeds ``max_bytes``) is refused when
+  ``receipt``/the decorated call starts, before the body runs. ``BaseException``\\s that are
+  not ``Exception`` (cancellation, ``KeyboardInterrupt``) emit nothing: the branch did not
+  finish. A sink failure while reporting propagates (the body's exception is its context).
+- Attempts (docs/spec.md §3: a higher attempt supersedes a lower one). Each (join_id, branch) has a
+  counter in this emitter; a receipt without an explicit attempt uses the next one (1, 2, ...),
+  and at least the context's ``attempt`` when it carries one, so running a branch again in
+  this process is a retry. Across processes the attempt must travel: the process handing a
+  failed branch on passes ``ctx.with_attempt(n + 1)`` (in the context's JSON), or the retrying
+  code passes ``attempt=`` to ``branch``/``receipt``/``emit`` (a number, or for ``branch`` a
+  callable given the call's arguments), typically the queue's own delivery count: Celery
+  ``self.request.retries + 1``, Cloud Tasks ``X-CloudTasks-TaskRetryCount`` + 1, Pub/Sub
+  ``message.delivery_attempt`` (with a dead-letter policy), SQS ``ApproximateReceiveCount``.
+  An explicit ``attempt`` is used as given; the counter then continues after it. Counters are
+  kept for the ``max_tracked`` most recently used branches. Skips always carry attempt 1 and
+  do not count.
 - Emission is synchronous and thread-safe; sink failures propagate (see ``fanin.sdk.sinks``).
+  ``with Emitter(sink) as emitter:`` (or ``async with``) closes the sink on exit, so every
+  message is flushed and publish failures raise there; a sink that still holds unflushed
+  messages when the interpreter exits is flushed then, with an ``UnflushedMessagesWarning``.
 """
-
 from __future__ import annotations
 
 import asyncio
@@ -32,21 +51,30 @@ import inspect
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import Any, TypeVar, cast
 
+from fanin.contracts.parsing import DEFAULT_MAX_BYTES
 from fanin.sdk.context import Clock, JoinContext, now_rfc3339
-from fanin.sdk.messages import Status, encode_message, open_message, receipt_message
+from fanin.sdk.messages import (
+    Status,
+    encode_message,
+    fit_error,
+    open_message,
+    receipt_message,
+    refuse_unparsable,
+)
 from fanin.sdk.sinks import EncodedMessage, Sink
 
-__all__ = ["DEFAULT_MAX_BYTES", "ContextSource", "Emitter", "Receipt"]
+__all__ = ["DEFAULT_MAX_BYTES", "AttemptSource", "ContextSource", "Emitter", "Receipt"]
 
-DEFAULT_MAX_BYTES = 256 * 1024
 
 F = TypeVar("F", bound=Callable[..., Any])
 ContextSource = JoinContext | Callable[..., JoinContext]
 """A context, or a callable given the decorated function's arguments that returns one."""
+AttemptSource = int | Callable[..., int | None] | None
+"""An attempt, or a callable given the decorated function's arguments that returns one."""
 
 
 def _uuid_hex() -> str:
@@ -54,9 +82,16 @@ def _uuid_hex() -> str:
 
 
 def _describe(exc: BaseException, elapsed_s: float) -> str:
-    text = str(exc)
+    try:
+        text = str(exc)
+    except Exception as failure:  # any exception still gets its receipt
+        text = f"<str() of the exception raised {type(failure).__name__}>"
     return f"{type(exc).__name__}: {text}" if text else \
         f"{type(exc).__name__} after {elapsed_s:.3f}s"
+
+
+_ROUGH_FIXED_BYTES = 512
+"""More than the fields of a receipt other than join_id, contract, run_id, branch, key take."""
 
 
 class Emitter:
@@ -75,29 +110,51 @@ class Emitter:
         self._attempts: dict[tuple[str, str], int] = {}
         self._lock = threading.Lock()
 
-    def _send(self, msg: dict[str, Any]) -> dict[str, Any]:
+    def _encode(self, msg: dict[str, Any]) -> str:
+        """The line of ``msg``, its ``error`` cut to what ``max_bytes`` leaves; checked by the
+        parser (``MessageRefused`` otherwise)."""
+        error = msg.get("error")
+        if error is not None:
+            msg["error"] = error = fit_error(error)
         line = encode_message(msg)
-        size = len(line.encode("utf-8"))
-        if size > self.max_bytes:
-            raise ValueError(f"message of join {msg['join_id']!r} is {size} bytes, over the "
-                             f"limit of {self.max_bytes}")
+        if error:
+            size = len(line.encode("utf-8"))
+            if size > self.max_bytes:  # rare: cut the error to what the other fields leave
+                msg["error"] = ""
+                rest = len(encode_message(msg).encode("utf-8"))
+                msg["error"] = fit_error(error, self.max_bytes - rest)
+                line = encode_message(msg)
+        refuse_unparsable(msg, line, self.max_bytes)
+        return line
+
+    def _send(self, msg: dict[str, Any]) -> dict[str, Any]:
+        line = self._encode(msg)
         self.sink.publish(EncodedMessage(line=line, join_id=msg["join_id"],
                                          message_id=msg["message_id"],
                                          event_time=msg.get("event_time", msg["opened_at"])))
         return msg
 
-    def _next_attempt(self, join_id: str, branch: str, attempt: int | None) -> int:
+    def _next_attempt(self, ctx: JoinContext, branch: str, attempt: int | None) -> int:
         with self._lock:
-            key = (join_id, branch)
+            key = (ctx.join_id, branch)
             last = self._attempts.pop(key, 0)
-            chosen = last + 1 if attempt is None else attempt
+            chosen = max(last + 1, ctx.attempt or 1) if attempt is None else attempt
             self._attempts[key] = max(last, chosen)
             if len(self._attempts) > self.max_tracked:
                 del self._attempts[next(iter(self._attempts))]
             return chosen
 
-    def open(self, ctx: JoinContext, required: list[str] | None = None,
-             optional: list[str] | None = None, deadline_s: float | None = None, *,
+    def check_reportable(self, ctx: JoinContext, branch: str, key: str | None = None) -> None:
+        """Raise ``MessageRefused`` if no receipt of ``branch`` (with ``key``) for ``ctx`` could
+        be sent, whatever its value or error (e.g. a branch name over ``max_bytes``)."""
+        rough = sum(len(text) for text in (ctx.join_id, ctx.contract or "", ctx.run_id or "",
+                                           branch, key or "")) * 6 + _ROUGH_FIXED_BYTES
+        if rough > self.max_bytes:  # only then can the fields alone be too large
+            self._encode(receipt_message(ctx, branch, "error", now_rfc3339(self.clock),
+                                         self.new_id(), key=key, error=""))
+
+    def open(self, ctx: JoinContext, required: Iterable[str] | None = None,
+             optional: Iterable[str] | None = None, deadline_s: float | None = None, *,
              allow_partial: bool | None = None, fail_fast: bool | None = None) -> dict[str, Any]:
         """Emit the open of ``ctx``; given fields override the contract. Returns the message."""
         return self._send(open_message(ctx, self.new_id(), required=required,
@@ -108,7 +165,7 @@ class Emitter:
              error: str | None = None, key: str | None = None,
              attempt: int | None = None) -> dict[str, Any]:
         """Emit one receipt now (attempt per the counter unless given). Returns the message."""
-        chosen = 1 if status == "skipped" else self._next_attempt(ctx.join_id, branch, attempt)
+        chosen = 1 if status == "skipped" else self._next_attempt(ctx, branch, attempt)
         return self._send(receipt_message(ctx, branch, status, now_rfc3339(self.clock),
                                           self.new_id(), attempt=chosen, key=key, value=value,
                                           error=error))
@@ -123,21 +180,26 @@ class Emitter:
         return Receipt(self, ctx, branch, key=key, timeout_s=timeout_s, attempt=attempt)
 
     def branch(self, ctx: ContextSource, name: str, *, key: str | None = None,
-               timeout_s: float | None = None) -> Callable[[F], F]:
-        """Decorate a sync or async function so each call reports one receipt of ``name``."""
-        def resolve(args: tuple[Any, ...], kwargs: dict[str, Any]) -> JoinContext:
+               timeout_s: float | None = None, attempt: AttemptSource = None
+               ) -> Callable[[F], F]:
+        """Decorate a sync or async function so each call reports one receipt of ``name``.
+
+        ``ctx`` and ``attempt`` may be callables, given the call's arguments (e.g.
+        ``attempt=lambda task: task.retries + 1``); ``attempt=None`` follows the counter.
+        """
+        def scope_for(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Receipt:
             found = ctx(*args, **kwargs) if callable(ctx) else ctx
             if not isinstance(found, JoinContext):
                 raise TypeError(f"branch {name!r}: the context getter returned "
                                 f"{type(found).__name__}, not a JoinContext")
-            return found
+            chosen = attempt(*args, **kwargs) if callable(attempt) else attempt
+            return self.receipt(found, name, key=key, timeout_s=timeout_s, attempt=chosen)
 
         def decorate(fn: F) -> F:
             if inspect.iscoroutinefunction(fn):
                 @functools.wraps(fn)
                 async def run_async(*args: Any, **kwargs: Any) -> Any:
-                    scope = self.receipt(resolve(args, kwargs), name, key=key,
-                                         timeout_s=timeout_s)
+                    scope = scope_for(args, kwargs)
                     async with scope:
                         work = fn(*args, **kwargs)
                         scope.value = await (work if timeout_s is None
@@ -148,7 +210,7 @@ class Emitter:
 
             @functools.wraps(fn)
             def run(*args: Any, **kwargs: Any) -> Any:
-                scope = self.receipt(resolve(args, kwargs), name, key=key, timeout_s=timeout_s)
+                scope = scope_for(args, kwargs)
                 with scope:
                     scope.value = fn(*args, **kwargs)
                 return scope.value
@@ -165,12 +227,26 @@ class Emitter:
         """Close the sink (raises its ``PublishError``)."""
         self.sink.close()
 
+    def __enter__(self) -> Emitter:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    async def __aenter__(self) -> Emitter:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await asyncio.to_thread(self.close)  # flushing blocks: not on the event loop
+
 
 class Receipt:
     """One branch run; set ``value`` (and optionally ``key``) inside the block.
 
     Single use. After the block, ``message`` is the receipt that was emitted (``None`` when the
-    block was cancelled).
+    block was cancelled) and ``attempt`` the attempt it carries.
     """
 
     def __init__(self, emitter: Emitter, ctx: JoinContext, branch: str, *, key: str | None,
@@ -184,6 +260,10 @@ class Receipt:
             raise ValueError("key must be a string or None")
         if timeout_s is not None and not timeout_s > 0:
             raise ValueError("timeout_s must be > 0")
+        if attempt is not None and (isinstance(attempt, bool) or not isinstance(attempt, int)
+                                    or attempt < 1):
+            raise ValueError("attempt must be an integer >= 1 or None")
+        emitter.check_reportable(ctx, branch, key)
         self._emitter = emitter
         self.ctx = ctx
         self.branch = branch
@@ -216,7 +296,7 @@ class Receipt:
             return
         emitter = self._emitter
         elapsed = emitter.timer() - cast(float, self._started)
-        attempt = emitter._next_attempt(self.ctx.join_id, self.branch, self.attempt)
+        attempt = self.attempt = emitter._next_attempt(self.ctx, self.branch, self.attempt)
 
         def report(status: Status, **fields: Any) -> None:
             self.message = emitter.emit(self.ctx, self.branch, status, key=self.key,

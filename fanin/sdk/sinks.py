@@ -14,12 +14,26 @@ Guarantees:
   publish (``retry``/``timeout`` override it); a message that still fails is reported by the
   next ``flush``/``close``, and its ordering key is resumed so later messages of that join can be
   published again.
+- ``PubSubSink`` holds a message only until its publish is confirmed (then it is released), or
+  until a failure is reported. It holds at most ``max_held`` messages / ``max_held_bytes``
+  bytes: a ``publish`` beyond that waits for room (back-pressure) for up to
+  ``flush_timeout_s``, then raises ``PublishError`` for that message, which is not sent.
+- ``flush_timeout_s`` bounds a whole ``flush``: when it passes, every publish not yet confirmed
+  is reported in the ``PublishError`` as not confirmed in time (it may still arrive), next to
+  the messages that failed, each with its reason.
+- At interpreter exit, every ``JsonlFileSink``/``PubSubSink`` still holding unflushed messages
+  is closed (so flushed), after an ``UnflushedMessagesWarning`` naming the sink and the count;
+  a failure of that flush is a second warning. Close your sinks (or use ``with``).
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import threading
+import time
+import warnings
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from concurrent.futures import Future
@@ -34,6 +48,7 @@ __all__ = [
     "PubSubSink",
     "PublishError",
     "Sink",
+    "UnflushedMessagesWarning",
 ]
 
 
@@ -47,15 +62,29 @@ class EncodedMessage:
     event_time: str
 
 
+def describe_failure(exc: BaseException) -> str:
+    """``"Type: text"`` of a publish failure, never empty (``repr`` when ``str`` is)."""
+    text = str(exc) or repr(exc)
+    return f"{type(exc).__name__}: {text}"
+
+
 class PublishError(RuntimeError):
-    """Some messages could not be published; ``failures`` holds each with its exception."""
+    """Some messages could not be published; ``failures`` holds each with its exception.
+
+    The text names the first 20 (message_id, join_id, event_time, reason) and counts the rest.
+    """
 
     def __init__(self, failures: Sequence[tuple[EncodedMessage, BaseException]]) -> None:
         self.failures = list(failures)
-        shown = "; ".join(f"message_id={m.message_id} join_id={m.join_id}: "
-                          f"{type(e).__name__}: {e}" for m, e in self.failures[:10])
-        more = f"; ... and {len(self.failures) - 10} more" if len(self.failures) > 10 else ""
+        shown = "; ".join(f"message_id={m.message_id} join_id={m.join_id} "
+                          f"event_time={m.event_time}: {describe_failure(e)}"
+                          for m, e in self.failures[:20])
+        more = f"; ... and {len(self.failures) - 20} more" if len(self.failures) > 20 else ""
         super().__init__(f"{len(self.failures)} message(s) failed to publish: {shown}{more}")
+
+
+class UnflushedMessagesWarning(RuntimeWarning):
+    """A sink still held unflushed messages when the interpreter exited."""
 
 
 _S = TypeVar("_S", bound="Sink")
@@ -75,6 +104,10 @@ class Sink(ABC):
     @abstractmethod
     def close(self) -> None:
         """Flush, then release resources; idempotent."""
+
+    def unflushed(self) -> int:
+        """Messages published but not yet flushed (0 for sinks that buffer nothing)."""
+        return 0
 
     def __enter__(self: _S) -> _S:
         return self
@@ -101,6 +134,34 @@ class MemorySink(Sink):
         """Nothing to release: a no-op."""
 
 
+_OPEN_SINKS: weakref.WeakSet[Sink] = weakref.WeakSet()
+
+
+def _close_at_exit() -> None:
+    """Close every open sink that still holds unflushed messages, warning about each."""
+    for sink in list(_OPEN_SINKS):
+        count = sink.unflushed()
+        if not count:
+            continue
+        warnings.warn(f"{sink!r} held {count} unflushed message(s) at interpreter exit; "
+                      "flushing them now. Close the Emitter (or use `with Emitter(...)`) "
+                      "so that delivery is confirmed, and failures raised, in your code.",
+                      UnflushedMessagesWarning, stacklevel=1)
+        try:
+            sink.close()
+        except Exception as exc:  # at exit there is no caller left to raise to
+            warnings.warn(f"{sink!r}: flushing at exit failed: {exc}", UnflushedMessagesWarning,
+                          stacklevel=1)
+
+
+def _watch_at_exit(sink: Sink) -> None:
+    """Track ``sink`` for ``_close_at_exit``, which is (re-)registered last, so it runs before
+    the exit handlers of libraries imported since (e.g. the Pub/Sub client's)."""
+    _OPEN_SINKS.add(sink)
+    atexit.unregister(_close_at_exit)
+    atexit.register(_close_at_exit)
+
+
 class JsonlFileSink(Sink):
     """Appends one line per message to ``path`` (created if absent)."""
 
@@ -108,18 +169,29 @@ class JsonlFileSink(Sink):
         self.path = Path(path)
         self._lock = threading.Lock()
         self._file = self.path.open("a", encoding="utf-8", newline="\n")
+        self._unflushed = 0
+        _watch_at_exit(self)
+
+    def __repr__(self) -> str:
+        return f"JsonlFileSink({str(self.path)!r})"
 
     def publish(self, message: EncodedMessage) -> None:
         with self._lock:
             if self._file.closed:
                 raise ValueError(f"{self.path}: sink is closed")
             self._file.write(message.line + "\n")
+            self._unflushed += 1
+
+    def unflushed(self) -> int:
+        """Lines written since the last ``flush``/``close``."""
+        return self._unflushed
 
     def flush(self) -> None:
         with self._lock:
             if not self._file.closed:
                 self._file.flush()
                 os.fsync(self._file.fileno())
+                self._unflushed = 0
 
     def close(self) -> None:
         with self._lock:
@@ -127,6 +199,17 @@ class JsonlFileSink(Sink):
                 self._file.flush()
                 os.fsync(self._file.fileno())
                 self._file.close()
+                self._unflushed = 0
+
+
+class _Held:
+    """One message the sink holds: until its publish is confirmed, or its failure reported."""
+
+    __slots__ = ("message", "size")
+
+    def __init__(self, message: EncodedMessage, size: int) -> None:
+        self.message = message
+        self.size = size
 
 
 class PubSubSink(Sink):
@@ -136,11 +219,18 @@ class PubSubSink(Sink):
     **attributes) -> Future`` and ``resume_publish(topic, ordering_key)``); when omitted a
     ``google.cloud.pubsub_v1.PublisherClient`` is created with ``batch_settings`` (default: up to
     100 messages, 1 MB or 50 ms per batch), and stopped by ``close``.
+
+    ``flush_timeout_s`` (``None``: no limit) is the deadline of a whole ``flush`` and the longest
+    a ``publish`` waits for room; ``max_held``/``max_held_bytes`` bound the messages held (see
+    the module docstring).
     """
 
     def __init__(self, topic: str, ordering_by_join: bool = False, *, publisher: Any = None,
                  batch_settings: Any = None, retry: Any = None, timeout: float | None = None,
-                 flush_timeout_s: float | None = 300.0) -> None:
+                 flush_timeout_s: float | None = 300.0, max_held: int = 10_000,
+                 max_held_bytes: int = 64 * 1024 * 1024) -> None:
+        if max_held < 1 or max_held_bytes < 1:
+            raise ValueError("max_held and max_held_bytes must be >= 1")
         self.topic = topic
         self.ordering_by_join = ordering_by_join
         self._owned = publisher is None
@@ -160,43 +250,131 @@ class PubSubSink(Sink):
         if timeout is not None:
             self._options["timeout"] = timeout
         self._flush_timeout_s = flush_timeout_s
-        self._lock = threading.Lock()
-        self._pending: list[tuple[Future[Any], EncodedMessage]] = []
+        self._max_held = max_held
+        self._max_held_bytes = max_held_bytes
+        self._changed = threading.Condition()
+        self._in_flight: dict[int, _Held] = {}  # by sequence number, oldest first
+        self._failures: list[tuple[EncodedMessage, BaseException]] = []
+        self._failed_bytes = 0
+        self._held_bytes = 0
+        self._paused: set[str] = set()
+        self._sequence = 0
         self._closed = False
+        self._abandoned = False  # a flush gave up on publishes still in flight
+        _watch_at_exit(self)
+
+    def __repr__(self) -> str:
+        return f"PubSubSink({self.topic!r})"
+
+    def held(self) -> int:
+        """Messages held now: publishes not yet confirmed, and failures not yet reported."""
+        with self._changed:
+            return len(self._in_flight) + len(self._failures)
+
+    unflushed = held
+
+    def _deadline(self) -> float | None:
+        return None if self._flush_timeout_s is None else \
+            time.monotonic() + self._flush_timeout_s
+
+    def _wait(self, condition: Any, deadline: float | None) -> bool:
+        """Wait (holding ``_changed``) until ``condition()`` or the deadline; True if it holds."""
+        while not condition():
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return False
+            self._changed.wait(remaining)
+        return True
 
     def publish(self, message: EncodedMessage) -> None:
-        if self._closed:
-            raise ValueError(f"{self.topic}: sink is closed")
-        future = self._publisher.publish(
-            self.topic, message.line.encode("utf-8"),
-            ordering_key=message.join_id if self.ordering_by_join else "",
-            event_time=message.event_time, message_id=message.message_id, **self._options)
-        with self._lock:
-            self._pending.append((future, message))
+        """Hand ``message`` to the client; waits while the sink holds its maximum (see class)."""
+        data = message.line.encode("utf-8")
+        size = len(data)
+        with self._changed:
+            if self._closed:
+                raise ValueError(f"{self.topic}: sink is closed")
+
+            def room() -> bool:
+                held = len(self._in_flight) + len(self._failures)
+                return held == 0 or (held < self._max_held and
+                                     self._held_bytes + size <= self._max_held_bytes)
+
+            if not self._wait(room, self._deadline()):
+                raise PublishError([(message, TimeoutError(
+                    f"not sent: the sink held {len(self._in_flight)} unconfirmed and "
+                    f"{len(self._failures)} unreported failed message(s) "
+                    f"({self._held_bytes} bytes) for {self._flush_timeout_s:g}s "
+                    f"(max_held={self._max_held}, max_held_bytes={self._max_held_bytes}); "
+                    "is Pub/Sub reachable? flush() reports the failures"))])
+            self._sequence += 1
+            sequence = self._sequence
+            held = self._in_flight[sequence] = _Held(message, size)
+            self._held_bytes += size
+        try:
+            future = self._publisher.publish(
+                self.topic, data, ordering_key=message.join_id if self.ordering_by_join else "",
+                event_time=message.event_time, message_id=message.message_id, **self._options)
+        except BaseException:
+            with self._changed:
+                self._release(sequence)
+            raise
+        future.add_done_callback(lambda done: self._settled(sequence, held, done))
+
+    def _release(self, sequence: int) -> _Held | None:
+        held = self._in_flight.pop(sequence, None)
+        if held is not None:
+            self._held_bytes -= held.size
+            self._changed.notify_all()
+        return held
+
+    def _settled(self, sequence: int, held: _Held, future: Future[Any]) -> None:
+        """The publish of ``held`` resolved: release it, or keep its failure for ``flush``."""
+        exc = future.exception()
+        with self._changed:
+            if exc is not None and self.ordering_by_join:
+                self._paused.add(held.message.join_id)
+            if self._release(sequence) is not None and exc is not None:
+                self._failures.append((held.message, exc))
+                self._held_bytes += held.size
+                self._failed_bytes += held.size
 
     def flush(self) -> None:
-        """Wait for every publish so far; raise ``PublishError`` listing those that failed."""
-        with self._lock:
-            pending, self._pending = self._pending, []
-        failures: list[tuple[EncodedMessage, BaseException]] = []
-        for future, message in pending:
-            try:
-                future.result(timeout=self._flush_timeout_s)
-            except Exception as exc:  # every publish failure is reported, none swallowed
-                failures.append((message, exc))
+        """Wait until every publish so far is confirmed, for at most ``flush_timeout_s`` in all;
+        raise ``PublishError`` listing those that failed or were not confirmed in time."""
+        deadline = self._deadline()
+        with self._changed:
+            last = self._sequence
+            done = self._wait(lambda: not self._in_flight or next(iter(self._in_flight)) > last,
+                              deadline)
+            if not done:
+                self._abandoned = True
+                late = [n for n in self._in_flight if n <= last]
+                for sequence in late:
+                    held = self._release(sequence)
+                    assert held is not None
+                    self._failures.append((held.message, TimeoutError(
+                        f"not confirmed within flush_timeout_s={self._flush_timeout_s:g}s "
+                        "(the publish is still in flight and may yet be delivered)")))
+            failures, self._failures = self._failures, []
+            self._held_bytes -= self._failed_bytes
+            self._failed_bytes = 0
+            paused, self._paused = self._paused, set()
+            self._changed.notify_all()
+        for join_id in paused:
+            self._publisher.resume_publish(self.topic, join_id)
         if failures:
-            if self.ordering_by_join:
-                for join_id in dict.fromkeys(m.join_id for m, _ in failures):
-                    self._publisher.resume_publish(self.topic, join_id)
             raise PublishError(failures)
 
     def close(self) -> None:
         """Flush, then stop the client this sink created; raises like ``flush``."""
-        if self._closed:
-            return
-        self._closed = True
+        with self._changed:
+            if self._closed:
+                return
+            self._closed = True
         try:
             self.flush()
         finally:
             if self._owned:
                 self._publisher.stop()
+                if self._abandoned:  # publishes past the deadline: cancel them, do not wait
+                    self._publisher.transport.close()

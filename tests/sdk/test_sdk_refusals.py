@@ -1,0 +1,268 @@
+"""Issue 20, items 2, 6, 7, 8: what the SDK refuses (exactly what ``fanin run`` would refuse),
+one receipt for any branch exception, generators as branch lists, attempts across processes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.fanin_runs import run_fanin
+
+from fanin.contracts.parsing import parse_message
+from fanin.sdk import (
+    ERROR_TEXT_LIMIT,
+    Emitter,
+    JoinContext,
+    MemorySink,
+    MessageRefused,
+    fit_error,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def nested(depth: int) -> Any:
+    value: Any = 0
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def parsed(line: str) -> dict[str, Any]:
+    """``line`` as ``fanin run``'s parser sees it; fails the test if it would dead-letter it."""
+    _, dead = parse_message(line, {"kind": "test"}, _Any())
+    assert dead is None, dead
+    return json.loads(line)
+
+
+class _Any:
+    def __contains__(self, name: object) -> bool:
+        return True
+
+
+@pytest.fixture
+def sink() -> MemorySink:
+    return MemorySink()
+
+
+@pytest.fixture
+def emitter(sink: MemorySink) -> Emitter:
+    return Emitter(sink)
+
+
+@pytest.fixture
+def ctx() -> JoinContext:
+    return JoinContext.new(run_id="r", join_id="j-1")
+
+
+# -- item 7: the parser decides --------------------------------------------------------------
+
+REFUSED_RECEIPTS = [
+    pytest.param({"value": nested(64)}, "invalid_json", "nesting deeper than 64", id="depth-64"),
+    pytest.param({"value": nested(100_000)}, "invalid_json", "nesting deeper than 64",
+                 id="depth-100000"),
+    pytest.param({"value": {1: "a", "1": "b"}}, "invalid_json", "repeated field name '1'",
+                 id="keys-1"),
+    pytest.param({"value": {None: "a", "null": "b"}}, "invalid_json",
+                 "repeated field name 'null'", id="keys-null"),
+    pytest.param({"value": {True: 1, "true": 2}}, "invalid_json",
+                 "repeated field name 'true'", id="keys-true"),
+    pytest.param({"value": "x" * 300_000}, "too_large", "> limit 262144", id="too-large"),
+]
+
+
+@pytest.mark.parametrize(("fields", "code", "reason"), REFUSED_RECEIPTS)
+def test_a_receipt_the_pipeline_would_dead_letter_is_refused_at_the_call(
+        emitter: Emitter, sink: MemorySink, ctx: JoinContext, fields: dict[str, Any], code: str,
+        reason: str) -> None:
+    with pytest.raises(MessageRefused) as refused:
+        emitter.emit(ctx, "rank", "ok", **fields)
+    assert (refused.value.error, sink.lines) == (code, [])
+    assert reason in str(refused.value) and "branch 'rank'" in str(refused.value)
+    assert isinstance(refused.value, ValueError)  # callers catching ValueError still do
+
+
+@pytest.mark.parametrize(("fields", "code", "reason"), [
+    pytest.param({"required": ["a", "b"], "optional": ["b"]}, "invalid_message",
+                 "branches both required and optional: ['b']", id="required-and-optional"),
+    pytest.param({"deadline_s": 10**400}, "invalid_message", "field deadline_s", id="10**400"),
+])
+def test_an_open_the_pipeline_would_dead_letter_is_refused_at_the_call(
+        emitter: Emitter, sink: MemorySink, ctx: JoinContext, fields: dict[str, Any], code: str,
+        reason: str) -> None:
+    with pytest.raises(MessageRefused) as refused:
+        emitter.open(ctx, **fields)
+    assert (refused.value.error, sink.lines) == (code, [])
+    assert reason in str(refused.value)
+
+
+def test_the_limit_is_the_emitters_max_bytes(sink: MemorySink, ctx: JoinContext) -> None:
+    small = Emitter(sink, max_bytes=400)
+    small.emit(ctx, "rank", "ok", value="x" * 100)
+    with pytest.raises(MessageRefused, match=r"too_large\): \d+ bytes > limit 400"):
+        small.emit(ctx, "rank", "ok", value="x" * 400)
+    assert len(sink.lines) == 1
+
+
+def test_what_the_parser_accepts_is_sent_unchanged(emitter: Emitter, sink: MemorySink,
+                                                   ctx: JoinContext) -> None:
+    value = {"deep": nested(60), "1": 1, "text": "é\u2028\x00", "n": 10**30}
+    emitter.emit(ctx, "rank", "ok", value=value)
+    emitter.open(ctx, required=["a"], optional=["b"], deadline_s=1e-3)
+    receipt, opened = (parsed(line) for line in sink.lines)
+    assert receipt["value"] == value
+    assert (opened["required"], opened["optional"], opened["deadline_s"]) == (["a"], ["b"], 1e-3)
+
+
+# -- item 8 ----------------------------------------------------------------------------------
+
+def test_a_generator_of_branch_names_is_emitted_whole(emitter: Emitter, sink: MemorySink,
+                                                      ctx: JoinContext) -> None:
+    emitter.open(ctx, required=(name for name in ["a", "b"]),
+                 optional=iter(["c"]))
+    opened = parsed(sink.lines[0])
+    assert (opened["required"], opened["optional"]) == (["a", "b"], ["c"])
+    with pytest.raises(ValueError, match="required must be a list"):
+        emitter.open(ctx, required=(name for name in ["a", ""]))
+    with pytest.raises(ValueError, match="required must be a list"):
+        emitter.open(ctx, required="ab")
+
+
+# -- item 6: any exception, exactly one receipt, the original re-raised ----------------------
+
+class Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no text")
+
+
+@pytest.mark.parametrize("exc", [
+    pytest.param(ValueError("x" * 300_000), id="text-over-256KiB"),
+    pytest.param(TypeError("bad \udc80 surrogate"), id="lone-surrogate"),
+    pytest.param(KeyError("\"quotes\" and \x00 controls " * 5000), id="escapes-grow"),
+    pytest.param(Unprintable(), id="str-raises"),
+    pytest.param(RecursionError("maximum recursion depth exceeded"), id="recursion"),
+])
+def test_any_branch_exception_gives_one_error_receipt_and_is_reraised(
+        emitter: Emitter, sink: MemorySink, ctx: JoinContext, exc: Exception) -> None:
+    @emitter.branch(ctx, "work")
+    def work() -> None:
+        raise exc
+
+    with pytest.raises(type(exc)) as raised:
+        work()
+    assert raised.value is exc
+    (line,) = sink.lines
+    receipt = parsed(line)
+    assert (receipt["status"], receipt["attempt"]) == ("error", 1)
+    assert receipt["error"].startswith(f"{type(exc).__name__}: ")
+    assert len(receipt["error"].encode("utf-8")) <= ERROR_TEXT_LIMIT
+
+
+def test_the_error_text_rule(emitter: Emitter, sink: MemorySink, ctx: JoinContext) -> None:
+    assert fit_error("short \"text\"") == "short \"text\""
+    assert fit_error("a\udc80b") == "a\\udc80b"
+    cut = fit_error("é" * 20_000)
+    assert cut.endswith(" [truncated: 20000 characters]")
+    assert cut.startswith("é" * 100) and len(json.dumps(cut, ensure_ascii=False)) - 2 <= 16384
+    assert len(fit_error("x" * 1000, budget=100).encode()) <= 100
+    # an error that the message size limit cuts further than 16 KiB: the receipt still fits
+    small = Emitter(sink, max_bytes=2000)
+    with pytest.raises(ValueError), small.receipt(ctx, "work"):
+        raise ValueError("y" * 5000)
+    receipt = parsed(sink.lines[-1])
+    assert receipt["error"].endswith("[truncated: 5012 characters]")
+    assert len(sink.lines[-1].encode()) <= 2000
+
+
+def test_a_value_the_parser_refuses_gives_an_error_receipt(emitter: Emitter, sink: MemorySink,
+                                                           ctx: JoinContext) -> None:
+    @emitter.branch(ctx, "work")
+    def work() -> Any:
+        return nested(100_000)
+
+    with pytest.raises(MessageRefused, match="nesting deeper than 64"):
+        work()
+    (line,) = sink.lines
+    receipt = parsed(line)
+    assert receipt["status"] == "error" and "nesting deeper than 64" in receipt["error"]
+
+
+def test_a_branch_that_could_never_report_is_refused_before_its_body(
+        sink: MemorySink, ctx: JoinContext) -> None:
+    ran = []
+    emitter = Emitter(sink, max_bytes=1000)
+    with pytest.raises(MessageRefused, match="too_large"), emitter.receipt(ctx, "b" * 2000):
+        ran.append(1)
+    assert (ran, sink.lines) == ([], [])
+
+
+# -- item 2: the attempt travels -------------------------------------------------------------
+
+RETRY_WORKER = textwrap.dedent("""
+    import sys
+    from fanin.sdk import Emitter, JoinContext, JsonlFileSink
+
+    ctx = JoinContext.from_json(sys.argv[1])
+    with Emitter(JsonlFileSink(sys.argv[2])) as emitter:
+        @emitter.branch(ctx, "work")
+        def work() -> str:
+            return "done on retry"
+
+        work()
+""")
+
+
+def test_a_retry_in_another_process_supersedes_the_failed_attempt(tmp_path: Path) -> None:
+    traffic = tmp_path / "traffic.jsonl"
+    from fanin.sdk import JsonlFileSink
+
+    with Emitter(JsonlFileSink(traffic)) as emitter:
+        ctx = JoinContext.new(run_id="retry")
+        emitter.open(ctx, required=["work", "check"], deadline_s=30)
+
+        @emitter.branch(ctx, "work")
+        def work() -> None:
+            raise ConnectionError("worker 1 lost its connection")
+
+        with pytest.raises(ConnectionError):
+            work()
+        handed_over = ctx.with_attempt(2).to_json()  # what a task queue carries
+        with emitter.receipt(ctx, "check") as r:
+            r.value = True
+    subprocess.run([sys.executable, "-c", RETRY_WORKER, handed_over, str(traffic)], check=True,
+                   cwd=ROOT)
+    lines = traffic.read_text(encoding="utf-8").splitlines()
+    assert [json.loads(line).get("attempt") for line in lines] == [None, 1, 1, 2]
+    close = run_fanin(lines, tmp_path)[ctx.join_id]
+    assert close["reason"] == "complete"
+    assert close["branches"]["work"] == {
+        "status": "ok", "key": "work", "attempt": 2, "value": "done on retry", "error": None,
+        "event_time": json.loads(lines[-1])["event_time"]}
+    assert close["counts"] == {"messages": 4, "duplicates": 0, "superseded": 1}
+
+
+def test_attempt_sources_and_their_precedence(emitter: Emitter, sink: MemorySink,
+                                              ctx: JoinContext) -> None:
+    @emitter.branch(lambda task: task["ctx"], "work", attempt=lambda task: task["retries"] + 1)
+    def from_queue(task: dict[str, Any]) -> int:
+        return int(task["retries"])
+
+    from_queue({"ctx": ctx, "retries": 2})  # explicit: as given
+    handed = ctx.with_attempt(5)
+    with emitter.receipt(handed, "other") as r:  # the context's attempt is a floor
+        r.value = 1
+    with emitter.receipt(handed, "other") as again:  # ...a retry here still counts up
+        again.value = 2
+    emitter.emit(ctx, "work", "ok")  # the counter continues after an explicit attempt
+    assert [(m["branch"], m["attempt"]) for m in map(parsed, sink.lines)] == [
+        ("work", 3), ("other", 5), ("other", 6), ("work", 4)]
+    assert (r.attempt, again.attempt) == (5, 6)
+    assert JoinContext.from_json(handed.to_json()) == handed
+    assert "attempt" not in ctx.to_dict()  # unchanged on the wire when not set
+    with pytest.raises(ValueError, match="attempt"):
+        ctx.with_attempt(0)
