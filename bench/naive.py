@@ -1,4 +1,4 @@
-"""The obvious reducer, for comparison: ../shared/seeds/000's JoinState, fed our records.
+"""The obvious reducer, for comparison: a join state as a tutorial would write it, fed our records.
 
 Each receipt scans the receipts accepted so far for its key (O(width) per receipt), and
 completeness is recomputed from sets on every question; opens just set ``required``.

@@ -50,7 +50,7 @@ HAND_DEAD = (
 
 
 def close_obj(i: int, rng: random.Random) -> dict[str, Any]:
-    """A valid close (SPEC §5 layout) with varied reason, contract, times and problems."""
+    """A valid close (docs/spec.md §5 layout) with varied reason, contract, times and problems."""
     contract = ("triage", "routed", None)[i % 3]
     opened = T0 + i * 37_000
     latency = rng.randint(200, 30_000)

@@ -1,4 +1,4 @@
-"""SPEC §4 closing decisions on bounded input (the exact event-time result)."""
+"""docs/spec.md §4 closing decisions on bounded input (the exact event-time result)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Property fuzzing of ``parse_message`` (SPEC §1, §5 dead letters).
+"""Property fuzzing of ``parse_message`` (docs/spec.md §1, §5 dead letters).
 
 The one property everything here checks (``check_outcome``): ``parse_message`` never raises;
 it returns exactly one of ``(record, None)`` or ``(None, dead_letter)``; a dead letter has an
@@ -8,7 +8,7 @@ written as a UTF-8 output line; a record's ``RAW`` is the input text, it re-pars
 record, and standard ``json`` can read it back (``late/`` does).
 
 Besides the generic property, several strategies carry an independent oracle (field types of
-SPEC §1's table, RFC 3339 validity computed with ``datetime``) so that wrong acceptances and
+docs/spec.md §1's table, RFC 3339 validity computed with ``datetime``) so that wrong acceptances and
 wrong refusals fail too. ``tests/data/fuzz_corpus/`` is replayed on every run: each file is one
 exact input; its name ``<expected>--<label>.bin`` gives the expected outcome (``ok`` or an
 error code).
@@ -201,7 +201,8 @@ def test_huge_numbers(digits: int, exponent: int, negative: bool) -> None:
     expect(base + ',"value":' + sign + "1" * 4300 + "}", "ok")
 
 
-# ----------------------------------------------------------------------------- SPEC §1 table
+# ----------------------------------------------------------------------------- docs/spec.md §1
+# table
 def _time_ok(v: Any) -> bool:
     return isinstance(v, str) and v == T0
 

@@ -2,7 +2,7 @@
 
 The file mixes simulator traffic with the parse fuzz corpus (one line per corpus entry that has
 no line break), random garbage bytes, truncated and byte-flipped copies of real lines, a line
-one byte over the size limit and blank separator lines. The run must not crash and SPEC §5's
+one byte over the size limit and blank separator lines. The run must not crash and docs/spec.md §5's
 "nothing is lost" must hold exactly: the closes' ``counts.messages`` plus the ``late/`` and
 ``dead_letter/`` lines equal the non-empty input lines; every dead letter carries a known code
 and the exact text of an input line.
@@ -97,7 +97,7 @@ def _check_conservation(found: dict[str, list[dict[str, Any]]], path: Path,
         # A join closes at most once while its tombstone lives. The hostile file holds a
         # valid receipt dated six months later (corpus ok--leap-second); the replay watermark
         # follows the largest event time, so it expires every earlier tombstone and a later
-        # redelivery legitimately opens its join again (docs/semantics.md, "Tombstones").
+        # redelivery legitimately opens its join again (docs/spec.md, "Tombstones").
         newest = max(t for t, _ in map(scan_line, inputs) if t is not None)
         for close in found["closes"]:
             if per_join[close["join_id"]] > 1:

@@ -1,10 +1,10 @@
-"""Abusive join shapes through the whole pipeline, bounded and replay (SPEC §4, §5).
+"""Abusive join shapes through the whole pipeline, bounded and replay (docs/spec.md §4, §5).
 
 (a) a looping agent: one join receives far more receipts than ``max_messages_per_join``;
 (b) many joins that never complete: each ends by its deadline, and tombstones expire after
     ``retention_s`` (a contracts file with a small ``retention_s``);
 (c) one join whose receipts are spread over days (deadline in days) among short joins.
-Every run also checks exact conservation (SPEC §5, "nothing is lost").
+Every run also checks exact conservation (docs/spec.md §5, "nothing is lost").
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""SPEC §1: message validation, dead-letter errors, times, JSON equality; SPEC §6 loader."""
+"""docs/spec.md §1: message validation, dead-letter errors, times, JSON equality; docs/spec.md §6
+loader."""
 
 from __future__ import annotations
 

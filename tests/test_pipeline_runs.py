@@ -82,7 +82,8 @@ def without_detail(outputs: dict[str, list[dict[str, Any]]]) -> dict[str, list[A
 
 def test_parity_batch_replay_core_on_in_order_arrival(traffic: dict[str, Path],
                                                       tmp_path: Path) -> None:
-    # The watermark trigger: SPEC §4 promises the bounded result when no message is behind the
+    # The watermark trigger: docs/spec.md §4 promises the bounded result when no message is behind
+    # the
     # watermark. (Eager closes on arrival, so a redelivery that arrives after the close is
     # late even with an equal event time: tests/test_streaming.py covers that.)
     watermark = JoinDefaults(close_trigger="watermark")

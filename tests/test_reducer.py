@@ -1,4 +1,4 @@
-"""SPEC §2-3: the reducer's rules, order independence and idempotence (hypothesis)."""
+"""docs/spec.md §2-3: the reducer's rules, order independence and idempotence (hypothesis)."""
 
 from __future__ import annotations
 

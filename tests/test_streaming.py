@@ -1,4 +1,4 @@
-"""SPEC §4 in streaming: the stateful join under TestStream with watermark control."""
+"""docs/spec.md §4 in streaming: the stateful join under TestStream with watermark control."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from fanin.transforms.join import JoinRecords
 from fanin.transforms.parse import ParseMessages
 
 EPOCH_S = parse_rfc3339("2026-01-01T00:00:00Z") / 1000
-END_S = EPOCH_S + 10**7  # past every deadline + retention used here (BEAM-NOTES trap)
+END_S = EPOCH_S + 10**7  # past every deadline + retention used here (docs/beam-notes.md trap)
 
 Event = tuple[str, Any]
 

@@ -1,4 +1,5 @@
-"""Analysis of the pipeline's outputs (SPEC §5): fixed table schemas, SQL, and an HTML report.
+"""Analysis of the pipeline's outputs (docs/spec.md §5): fixed table schemas, SQL, and an HTML
+report.
 
 - ``fanin.contracts.tables``: Arrow/Parquet/BigQuery schemas and row conversion.
 - ``fanin.analysis.query``: read-only DuckDB views ``closes``, ``late``, ``dead_letter``.

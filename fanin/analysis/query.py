@@ -1,4 +1,4 @@
-"""Read-only SQL over an output folder (SPEC §5) with DuckDB.
+"""Read-only SQL over an output folder (docs/spec.md §5) with DuckDB.
 
 ``open_outputs(dir)`` returns an in-memory DuckDB connection with three views, ``closes``,
 ``late`` and ``dead_letter``, whose columns are exactly ``fanin.contracts.tables.schema(kind)``

@@ -1,4 +1,4 @@
-"""Contracts, pipeline defaults and the resolved definition of a join (SPEC §2, §6).
+"""Contracts, pipeline defaults and the resolved definition of a join (docs/spec.md §2, §6).
 
 Guarantees:
 - ``load_contracts`` reads YAML with a safe loader from a local path or any path Beam's
@@ -37,7 +37,7 @@ CloseTrigger = Literal["eager", "watermark"]
 
 
 class ContractsError(ValueError):
-    """The contracts file is unreadable or breaks SPEC §6."""
+    """The contracts file is unreadable or breaks docs/spec.md §6."""
 
 
 class Contract(BaseModel):
@@ -84,7 +84,7 @@ class Contract(BaseModel):
 
 @dataclass(frozen=True)
 class JoinDefaults:
-    """Pipeline-wide defaults of SPEC §2, each settable by a command-line option."""
+    """Pipeline-wide defaults of docs/spec.md §2, each settable by a command-line option."""
 
     deadline_s: float = 30.0
     allow_partial: bool = False

@@ -1,8 +1,9 @@
-"""Strict JSON decoding and JSON equality (SPEC §1).
+"""Strict JSON decoding and JSON equality (docs/spec.md §1).
 
 Guarantees:
-- ``loads_strict`` refuses what SPEC §1 says is not JSON: ``NaN``/``Infinity`` literals, numbers
-  that overflow a double (``1e400``), integers longer than Python's digit limit, objects with a
+- ``loads_strict`` refuses what docs/spec.md §1 says is not JSON: ``NaN``/``Infinity`` literals,
+  numbers that overflow a double (``1e400``), integers longer than Python's digit limit, objects
+  with a
   repeated field name (at any depth), lone UTF-16 surrogate escapes (they cannot be written back
   as UTF-8), and nesting deeper than ``MAX_DEPTH``. Each refusal is a ``JSONRefused`` with a
   one-line reason.
@@ -24,7 +25,7 @@ MAX_DEPTH = 64
 
 
 class JSONRefused(ValueError):
-    """The text is not JSON as SPEC §1 defines it."""
+    """The text is not JSON as docs/spec.md §1 defines it."""
 
 
 def _refuse_constant(name: str) -> Any:

@@ -1,10 +1,11 @@
-"""Pydantic models of the input messages of SPEC §1 (open and receipt).
+"""Pydantic models of the input messages of docs/spec.md §1 (open and receipt).
 
 Guarantees:
 - Validation is strict: a field of the wrong JSON type is an error (``"false"`` is not a boolean,
   ``1`` is not a string, ``true`` is not an integer); every bad field is reported once.
-- Fields not in SPEC's table are ignored here (they stay in the original text, which the
-  pipeline keeps); fields the table marks "ignored" for a kind are not validated for that kind.
+- Fields not in the message table (docs/spec.md §1) are ignored here (they stay in the original
+  text, which the pipeline keeps); fields the table marks "ignored" for a kind are not validated for
+  that kind.
 - An explicit JSON ``null`` for an optional field means the same as leaving the field out.
 - Times are returned as integer epoch milliseconds (see ``timefmt``).
 """
@@ -43,7 +44,7 @@ class _Message(BaseModel):
 
 
 class OpenMessage(_Message):
-    """``kind: "open"``: one per fan-out; defines the join (SPEC §1-2)."""
+    """``kind: "open"``: one per fan-out; defines the join (docs/spec.md §1-2)."""
 
     kind: Literal["open"] = "open"
     opened_at: Millis
@@ -55,7 +56,7 @@ class OpenMessage(_Message):
 
 
 class ReceiptMessage(_Message):
-    """``kind: "receipt"`` (the default): one per branch result (SPEC §1, §3)."""
+    """``kind: "receipt"`` (the default): one per branch result (docs/spec.md §1, §3)."""
 
     kind: Literal["receipt"] = "receipt"
     branch: Name

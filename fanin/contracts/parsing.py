@@ -1,4 +1,4 @@
-"""One input message (bytes or text) -> a ``Record`` or a dead-letter object (SPEC §1, §5).
+"""One input message (bytes or text) -> a ``Record`` or a dead-letter object (docs/spec.md §1, §5).
 
 Guarantees:
 - Never raises for any input: every failure is returned as a dead-letter dict
@@ -92,7 +92,8 @@ def _open_record(msg: OpenMessage, text: str, source: Source) -> R.Record:
     required = _sorted_names(msg.required)
     optional = _sorted_names(msg.optional)
     deadline_ms = None if msg.deadline_s is None else duration_ms(msg.deadline_s)
-    # The open as canonical JSON, over SPEC's table only (not run_id / message_id / unknown
+    # The open as canonical JSON, over the message table (docs/spec.md §1) only (not run_id /
+    # message_id / unknown
     # fields), opened_at normalised, branch lists as sorted sets, absent (or null) omitted.
     fields = {"kind": "open", "join_id": msg.join_id, "opened_at": format_ms(msg.opened_at),
               "contract": msg.contract, "required": required, "optional": optional,

@@ -7,8 +7,9 @@ constants below; ``OPEN`` and ``RECEIPT`` records share the first eight.
 Common:  KIND, JOIN_ID, TIME (event time in epoch ms; an open's is its opened_at), RAW (the
          original text), SOURCE (dict: where it came from), CONTRACT, RUN_ID, MESSAGE_ID
 Open:    O_REQUIRED, O_OPTIONAL (sorted tuples or None), O_DEADLINE_MS, O_ALLOW_PARTIAL,
-         O_FAIL_FAST (None = not given), O_CANON (the open as canonical JSON over SPEC's table
-         but run_id and message_id: equal exactly for identical opens, and the tie-break order)
+         O_FAIL_FAST (None = not given), O_CANON (the open as canonical JSON over the message table
+         (docs/spec.md §1) but run_id and message_id: equal exactly for identical opens, and the
+         tie-break order)
 Receipt: R_BRANCH, R_STATUS, R_KEY (defaulted to the branch), R_VALUE, R_ERROR, R_ATTEMPT,
          R_OPENED_AT (or None), R_CONTENT (canonical JSON of [status, key, error] followed by
          R_VALUE_CANON: equal exactly when the four are JSON-equal), R_VALUE_CANON (canonical

@@ -1,4 +1,4 @@
-"""Fixed Arrow, Parquet and BigQuery schemas for the three outputs of SPEC §5.
+"""Fixed Arrow, Parquet and BigQuery schemas for the three outputs of docs/spec.md §5.
 
 Kinds: ``closes``, ``late``, ``dead_letter`` (``KINDS``). Each has one Arrow schema
 (``schema(kind)``) that is the single source of truth for the Parquet files, the BigQuery tables
@@ -7,11 +7,11 @@ Kinds: ``closes``, ``late``, ``dead_letter`` (``KINDS``). Each has one Arrow sch
 Schema decision (why these shapes):
 
 - Times (``opened_at``, ``deadline``, ``closed_at``, ``branches[].event_time``) are
-  ``timestamp[ms, UTC]``: SPEC truncates every time to whole milliseconds, so nothing is lost, and
-  range filters, ``date_trunc`` and partition pruning work natively in DuckDB, Spark and
+  ``timestamp[ms, UTC]``: docs/spec.md §1 truncates every time to whole milliseconds, so nothing is
+  lost, and range filters, ``date_trunc`` and partition pruning work natively in DuckDB, Spark and
   BigQuery. The RFC 3339 text is recoverable exactly with ``fanin.contracts.timefmt.format_ms``.
-- Fields whose *shape is fixed by SPEC* are typed columns, so they are queryable without JSON
-  functions: branch-name lists are ``list<string>``, ``counts`` is a struct, ``branches`` is a
+- Fields whose *shape is fixed by docs/spec.md* are typed columns, so they are queryable without
+  JSON functions: branch-name lists are ``list<string>``, ``counts`` is a struct, ``branches`` is a
   list of structs (one per branch, sorted by branch name, the name in field ``branch``) and
   ``conflicts`` a list of structs with the documented fields. A list of structs, not a map,
   because BigQuery has no MAP type and ``REPEATED RECORD`` is its native equivalent: one column
@@ -23,8 +23,9 @@ Schema decision (why these shapes):
   fixes, and would silently drop or coerce values. JSON text is lossless, identical in Parquet
   and BigQuery (``STRING``, queried with ``JSON_VALUE``) and the DuckDB views cast it to ``JSON``
   (``values->>'$.score'``). Such fields carry Arrow field metadata ``fanin.encoding = json``.
-- In a nullable JSON-text column SQL NULL stands for JSON ``null`` or an absent field (SPEC: an
-  absent value means null); non-nullable ones (``values``, ``message``, ``source``) always hold
+- In a nullable JSON-text column SQL NULL stands for JSON ``null`` or an absent field (docs/spec.md
+  §1: an absent value means null); non-nullable ones (``values``, ``message``, ``source``) always
+  hold
   JSON text.
 - ``conflicts[].extra`` is JSON text of any conflict fields beyond the documented ones (or null),
   so a conflict never loses a field.
@@ -91,7 +92,7 @@ _BRANCH = pa.struct(
 _CONFLICT_FIELDS = ("kind", "branch", "key", "attempt", "detail", "value", "count", "contracts")
 _CONFLICT = pa.struct(
     [
-        _f("kind", pa.string(), "Conflict kind (SPEC §2-§3)."),
+        _f("kind", pa.string(), "Conflict kind (docs/spec.md §2-§3)."),
         _f("branch", pa.string(), "Branch involved, if any.", null=True),
         _f("key", pa.string(), "State key involved, if any.", null=True),
         _f("attempt", pa.int64(), "Attempt involved, if any.", null=True),
@@ -232,7 +233,8 @@ def _prepare_conflict(conflict: Any) -> Any:
 
 
 def to_row(kind: str, obj: Mapping[str, Any]) -> dict[str, Any]:
-    """Map one output object (SPEC §5 layout) to a row of ``schema(kind)``; strict, lossless."""
+    """Map one output object (docs/spec.md §5 layout) to a row of ``schema(kind)``; strict,
+    lossless."""
     sch = schema(kind)
     if not isinstance(obj, Mapping):
         raise ValueError(f"{kind}: expected a JSON object")

@@ -1,4 +1,4 @@
-"""RFC 3339 timestamps <-> integer epoch milliseconds (SPEC §1, §5).
+"""RFC 3339 timestamps <-> integer epoch milliseconds (docs/spec.md §1, §5).
 
 Guarantees:
 - ``parse_rfc3339`` accepts exactly RFC 3339 §5.6 ``date-time``: ``YYYY-MM-DD``, ``T`` (or ``t``),

@@ -41,7 +41,7 @@ __all__ = ["Closed", "Pending", "Undefined", "decide", "decide_all", "late_reaso
 
 @dataclass(frozen=True)
 class Closed:
-    """The join closes: ``close`` is the SPEC §5 object; ``late`` are (record, reason)."""
+    """The join closes: ``close`` is the docs/spec.md §5 object; ``late`` are (record, reason)."""
 
     close: dict[str, Any]
     closed_at: int

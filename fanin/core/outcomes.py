@@ -28,7 +28,8 @@ _CLOSE_LOG = logging.getLogger("fanin.close")
 
 
 def late_object(record: R.Record, reason: str, close_reason: str) -> dict[str, Any]:
-    """The late line of SPEC §5 for one record of a join that closed with ``close_reason``."""
+    """The late line of docs/spec.md §5 for one record of a join that closed with
+    ``close_reason``."""
     return {"join_id": record[R.JOIN_ID], "reason": reason, "close_reason": close_reason,
             "message": json.loads(record[R.RAW])}
 

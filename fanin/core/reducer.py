@@ -1,4 +1,4 @@
-"""The join reducer of SPEC §2-3: a pure, order-independent fold of one join's messages.
+"""The join reducer of docs/spec.md §2-3: a pure, order-independent fold of one join's messages.
 
 No Beam import: this is plain Python, tested and benchmarked alone.
 
@@ -11,7 +11,7 @@ Guarantees:
 - The result (``complete``, ``all_reported``, ``close``) depends only on the set of records
   added, never on their order. Redelivering a record changes only ``counts.messages`` and
   ``counts.duplicates``.
-- Rules, as SPEC §3 states them: pruning by path prefix (``b`` prunes ``b`` and ``b/...``);
+- Rules, as docs/spec.md §3 states them: pruning by path prefix (``b`` prunes ``b`` and ``b/...``);
   ``unknown_branch`` for receipts outside the declared branches and for skips that prune
   nothing; ``pruned_branch_reported``; per branch the highest attempt wins and lower attempts
   are ``superseded``; identical content again is a ``duplicate``, different content at the top
@@ -19,7 +19,7 @@ Guarantees:
   JSON equality, one entry per branch involved; ``schema_violation`` against the contract's
   JSON Schema for the key; ``open_conflict`` and ``contract_conflict``.
 
-Choices where SPEC is silent (see docs/semantics.md):
+Choices stated in docs/spec.md §3:
 - Receipts are grouped per branch by ``(attempt, content)``; a second receipt in a group is a
   duplicate (also below the top attempt, so a redelivered superseded receipt is a duplicate);
   ``superseded`` counts the distinct groups below the top attempt.
@@ -649,7 +649,7 @@ class JoinReducer:
 
     # ------------------------------------------------------------------ the close
     def close(self, closed_at: int, reason: str) -> dict[str, Any]:
-        """The close object of SPEC §5 for the records folded so far."""
+        """The close object of docs/spec.md §5 for the records folded so far."""
         defn = self.definition
         required = defn.required
         assert required is not None, "an undefined join has no close"

@@ -8,7 +8,7 @@ Guarantees:
   stragglers) plus one id per join opened so far.
 - Join ``i`` opens at ``EPOCH + i * STAGGER_MS`` (seed-independent), so joins overlap in event
   time. Times are RFC 3339 UTC with milliseconds.
-- Every line is either a valid message of SPEC §1 against the bundled contracts file
+- Every line is either a valid message of docs/spec.md §1 against the bundled contracts file
   (``CONTRACTS_PATH``), or is intentionally malformed, and then ``parse_message`` dead-letters
   it with the error code ``DEAD_LETTER_ERRORS[category]``.
 - ``simulate_lines`` yields the same lines with one category each (``CATEGORIES``, a partition:

@@ -1,5 +1,5 @@
 """What both framework integrations share: a fan-out becomes an open and skips, a branch run a
-receipt (SPEC §1), through a ``fanin.sdk.Emitter``. No framework is imported here.
+receipt (docs/spec.md §1), through a ``fanin.sdk.Emitter``. No framework is imported here.
 
 Guarantees:
 - ``FanOutReporter.open(possible, taken, run_id)`` opens a join only for a real fan-out: two or
@@ -12,7 +12,7 @@ Guarantees:
   user's graph is not broken by what an observer could not encode.
 - ``error`` reports the text ``describe`` makes, ``"ExceptionType: message"`` (the SDK's form).
 - Every receipt carries the attempt it is given (the framework's own retry count), so a retry
-  supersedes the failed attempt (SPEC §3).
+  supersedes the failed attempt (docs/spec.md §3).
 - Sink failures (``PublishError``) propagate to the caller, as with the SDK.
 """
 
@@ -56,7 +56,7 @@ def keyed(update: Any, is_plain_key: Callable[[str], bool]) -> tuple[str | None,
     When the update is a mapping that writes exactly one key and ``is_plain_key(key)`` (the
     framework keeps the last value written there), the receipt writes that key: two branches
     writing it with different values are then a ``key_conflict``. Otherwise the key is ``None``
-    (the branch's own name, SPEC §1) and the value the whole update.
+    (the branch's own name, docs/spec.md §1) and the value the whole update.
     """
     if isinstance(update, Mapping) and len(update) == 1:
         ((key, value),) = update.items()

@@ -6,7 +6,7 @@ forwards to Beam unchanged (``fanin run --output out/ ... $(preset options)``); 
 
 Guarantees:
 - Every preset names its runner explicitly (``--runner=...``): no preset can fall back to the
-  default ``SwitchingDirectRunner``, which tries to download Prism (BEAM-NOTES).
+  default ``SwitchingDirectRunner``, which tries to download Prism (docs/beam-notes.md).
 - Every option a preset returns is one Apache Beam 2.77 ``PipelineOptions`` knows
   (``tests/test_runners.py`` parses them back).
 - Bad input raises ``ValueError`` with one line naming the argument and what is expected; a
@@ -94,7 +94,7 @@ def direct(streaming: bool, workers: int = 1, multi_process: bool = False) -> li
     """Beam's local runners, chosen explicitly.
 
     Bounded: ``FnApiRunner``; ``workers > 1`` adds ``--direct_num_workers`` with threads, or
-    processes when ``multi_process`` (BEAM-NOTES: on 2 cores in-process was faster).
+    processes when ``multi_process`` (docs/beam-notes.md: on 2 cores in-process was faster).
     Streaming: ``BundleBasedDirectRunner`` with ``--streaming``; it runs in one process, so
     ``workers`` and ``multi_process`` are refused there.
     """

@@ -4,8 +4,9 @@
 ``DoOutputsTuple`` with ``closes``, ``late`` and ``dead_letter`` outputs.
 
 - Bounded (``streaming=False``): ``GroupByKey`` then the closing decision over all of a join's
-  records at once. This is the exact event-time result of SPEC §4 and the fastest plan on the
-  local runner (BEAM-NOTES); the parity test in ``tests/test_pipeline_runs.py`` proves it
+  records at once. This is the exact event-time result of docs/spec.md §4 and the fastest plan on
+  the local runner (docs/beam-notes.md); the parity test in ``tests/test_pipeline_runs.py`` proves
+  it
   equals the streaming plan.
 - Streaming (``streaming=True``): ``JoinDoFn``, a stateful DoFn in the global window. See its
   docstring for what it guarantees.

@@ -9,7 +9,7 @@ Guarantees:
   ``batch`` lines), so a replay is deterministic and cheap.
 - Before the stream ends the watermark is advanced past every timer the join can set (largest
   event time + the largest deadline and retention in play), so every close, late line and
-  tombstone expiry happens inside the stream (BEAM-NOTES: output of timers fired only by the
+  tombstone expiry happens inside the stream (docs/beam-notes.md: output of timers fired only by the
   final jump to +infinity is lost on the BundleBasedDirectRunner).
 """
 
