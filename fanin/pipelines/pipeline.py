@@ -20,7 +20,12 @@ from dataclasses import dataclass, field
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+from apache_beam.options.pipeline_options import (
+    PipelineOptions,
+    SetupOptions,
+    StandardOptions,
+    WorkerOptions,
+)
 
 from fanin.contracts.catalog import Catalog, JoinDefaults, load_contracts
 from fanin.contracts.parsing import DEFAULT_MAX_BYTES
@@ -31,8 +36,8 @@ from fanin.transforms.read import ReadNumberedLines, expand_inputs, numbered_lin
 from fanin.transforms.replay import build_replay
 from fanin.transforms.write import FORMATS, WriteOutput
 
-__all__ = ["ConfigError", "RunConfig", "build", "catalog_for", "choose_runner",
-           "configure_options", "replay_horizon_ms", "run_pipeline"]
+__all__ = ["ConfigError", "RunConfig", "build", "catalog_for", "checkout_setup_file",
+           "choose_runner", "configure_options", "replay_horizon_ms", "run_pipeline"]
 
 _LOG = logging.getLogger("fanin")
 
@@ -163,13 +168,51 @@ def _prepare_output(output: str, overwrite: bool) -> None:
         os.makedirs(folder, exist_ok=True)
 
 
+def checkout_setup_file() -> str | None:
+    """``setup.py`` of the source checkout Fanin is imported from, or None (an installed copy:
+    its package folder has no ``setup.py`` beside it)."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__)))), "setup.py")  # <checkout>/fanin/pipelines/pipeline.py
+    return path if os.path.isfile(path) else None
+
+
+def _check_dataflow(config: RunConfig, options: PipelineOptions) -> None:
+    """What a Dataflow job needs beyond Beam's own checks, for ``run_pipeline`` and the dry run.
+
+    - ``--replay`` is refused: it embeds the input in the graph as a ``TestStream``, a test
+      primitive Dataflow does not run.
+    - The workers must get Fanin: from ``--sdk_container_image`` (an image with Fanin
+      installed), ``--setup_file`` or ``--extra_package``. With none of them, Fanin's
+      ``setup.py`` is added as ``--setup_file`` when Fanin runs from a source checkout (logged);
+      otherwise the job is refused (the stock worker image cannot import ``fanin``).
+    """
+    if config.replay:
+        raise ConfigError("--replay embeds the input in the job as a TestStream, which Dataflow "
+                          "does not run; use bounded --input or Pub/Sub (--subscription/--topic)")
+    setup = options.view_as(SetupOptions)
+    worker = options.view_as(WorkerOptions)
+    if (setup.setup_file or setup.extra_packages or worker.sdk_container_image
+            or worker.worker_harness_container_image):
+        return
+    found = checkout_setup_file()
+    if found is None:
+        raise ConfigError("DataflowRunner: the workers need Fanin: pass --sdk_container_image "
+                          "(an image with Fanin installed, e.g. deploy/flex) or --setup_file "
+                          "(a Fanin checkout's setup.py)")
+    setup.setup_file = found
+    _LOG.info("fanin: workers get Fanin from --setup_file=%s (added)", found)
+
+
 def configure_options(config: RunConfig, beam_args: Sequence[str]) -> PipelineOptions:
-    """Beam's options for ``config``: the runner made explicit, streaming set when needed."""
+    """Beam's options for ``config``: the runner made explicit, streaming set when needed, and
+    for Dataflow the checks of ``_check_dataflow`` (``ConfigError``, one line)."""
     options = PipelineOptions(list(beam_args))
     standard = options.view_as(StandardOptions)
     standard.runner = choose_runner(config, options)
     if config.streaming:
         standard.streaming = True
+    if standard.runner.endswith("DataflowRunner"):
+        _check_dataflow(config, options)
     return options
 
 

@@ -1,0 +1,157 @@
+"""What a submitted Dataflow job would hit, checked offline: streaming BigQuery, packaging of
+Fanin for the workers, ``--replay`` (issue 19, defects 1-3)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import apache_beam as beam
+import pytest
+from apache_beam.io.gcp.bigquery import BigQueryWriteFn
+from apache_beam.io.gcp.bigquery_tools import RetryStrategy
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.pipeline import PipelineVisitor
+from support.dataflow_jobs import EXAMPLES, dataflow_args, example_config, unpackaged_args
+
+from fanin import cli
+from fanin.contracts.tables import bigquery_schema, to_bigquery_row
+from fanin.pipelines import pipeline as fanin_pipeline
+from fanin.pipelines.pipeline import ConfigError, RunConfig, build, catalog_for, run_pipeline
+from fanin.runners import dry_run
+
+KINDS = ("closes", "late", "dead_letter")
+DATASET = "fanin-dry-run:fanin"
+_RFC3339_MS = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z\Z")
+
+
+class _WriteFns(PipelineVisitor):
+    """The ``BigQueryWriteFn`` (streaming inserts) of each BigQuery write, by full label."""
+
+    def __init__(self) -> None:
+        self.found: dict[str, BigQueryWriteFn] = {}
+
+    def visit_transform(self, node: Any) -> None:
+        fn = getattr(node.transform, "fn", None)
+        if isinstance(fn, BigQueryWriteFn):
+            self.found[node.full_label] = fn
+
+
+def test_streaming_bigquery_dry_run_builds_streaming_inserts(tmp_path: Path) -> None:
+    """Defect 1: Beam 2.77 has no ``STORAGE_API_AT_LEAST_ONCE``; the old code died with an
+    AttributeError while building any streaming job with ``--bigquery-dataset``."""
+    out = tmp_path / "graph.json"
+    report = dry_run(example_config(True, bigquery_dataset=DATASET), dataflow_args(True),
+                     str(out))
+    assert report.ok, report.problems
+    assert report.dataflow_job and report.streaming
+    names = {t["uniqueName"] for t in
+             json.loads(out.read_text())["pipeline"]["components"]["transforms"].values()}
+    for kind in KINDS:
+        assert (f"BigQuery/{kind}/Write/_StreamToBigQuery/StreamInsertRows/"
+                "ParDo(BigQueryWriteFn)") in names
+        # retries re-send the ids committed by this shuffle: BigQuery drops the repeats
+        assert f"BigQuery/{kind}/Write/_StreamToBigQuery/CommitInsertIds" in names
+
+
+def test_streaming_writes_retry_transient_errors_only() -> None:
+    config = example_config(True, bigquery_dataset=DATASET)
+    p = beam.Pipeline(options=PipelineOptions(["--runner=BundleBasedDirectRunner",
+                                               "--streaming"]))
+    build(p, config, catalog_for(config))
+    fns = _WriteFns()
+    p.visit(fns)
+    assert sorted(fns.found) == [
+        f"BigQuery/{kind}/Write/_StreamToBigQuery/StreamInsertRows/ParDo(BigQueryWriteFn)"
+        for kind in sorted(KINDS)]
+    for label, fn in fns.found.items():
+        assert fn._retry_strategy == RetryStrategy.RETRY_ON_TRANSIENT_ERROR, label
+        assert not fn.ignore_insert_ids, label  # insert ids are what makes retries dedupe
+
+
+def _conforms(fields: list[dict[str, Any]], row: dict[str, Any], where: str) -> None:
+    """``row`` has exactly the schema's columns, each of its type and mode (insertAll JSON)."""
+    assert set(row) == {f["name"] for f in fields}, where
+    for field in fields:
+        value, name = row[field["name"]], f"{where}.{field['name']}"
+        if field["mode"] == "REPEATED":
+            assert isinstance(value, list), name
+            values = value
+        else:
+            assert value is not None or field["mode"] == "NULLABLE", name
+            values = [] if value is None else [value]
+        for item in values:
+            if field["type"] == "RECORD":
+                _conforms(field["fields"], item, name)
+            elif field["type"] == "TIMESTAMP":
+                assert isinstance(item, str) and _RFC3339_MS.match(item), (name, item)
+            elif field["type"] == "INTEGER":
+                assert isinstance(item, int) and not isinstance(item, bool), (name, item)
+            else:
+                assert isinstance(item, str), (name, item)
+
+
+def test_every_streaming_output_converts_to_an_insert_row(tmp_path: Path) -> None:
+    """The streaming outputs (the replay of the example), every kind, as the rows
+    ``tabledata.insertAll`` receives: schema columns and types, strict JSON."""
+    run_pipeline(RunConfig(output=str(tmp_path), inputs=[str(EXAMPLES / "triage.jsonl")],
+                           contracts_path=str(EXAMPLES / "contracts.yaml"), replay=True), [])
+    for kind in KINDS:
+        objs = [json.loads(line) for f in sorted((tmp_path / kind).glob("*.jsonl"))
+                for line in f.read_text().splitlines()]
+        assert objs, kind
+        for i, obj in enumerate(objs):
+            row = to_bigquery_row(kind, obj)
+            _conforms(bigquery_schema(kind), row, f"{kind}[{i}]")
+            json.dumps(row, allow_nan=False)  # BigQuery's JSON has no NaN/Infinity
+
+
+def test_a_job_that_ships_no_fanin_gets_the_checkouts_setup_file(tmp_path: Path) -> None:
+    """Defect 2: without --setup_file or --sdk_container_image the stock workers cannot import
+    fanin; run from a checkout, its setup.py is added (and staged)."""
+    out = tmp_path / "graph.json"
+    report = dry_run(example_config(True), unpackaged_args(True), str(out))
+    assert report.ok, report.problems
+    graph = json.loads(out.read_text())
+    setup_file = fanin_pipeline.checkout_setup_file()
+    assert setup_file is not None and Path(setup_file).parent / "fanin" == \
+        Path(fanin_pipeline.__file__).parents[1]
+    assert graph["options"]["setup_file"] == setup_file
+    # the sdist Beam builds from it is staged as workflow.tar.gz
+    assert "workflow.tar.gz" in json.dumps(graph["dataflow_job"]["environment"])
+
+
+def test_an_installed_fanin_without_packaging_is_refused(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]
+                                                         ) -> None:
+    """Defect 2, installed copy (no checkout to build from): one line, exit 2, for the dry run
+    and for a real submission alike; nothing is written."""
+    monkeypatch.setattr(fanin_pipeline, "checkout_setup_file", lambda: None)
+    with pytest.raises(ConfigError, match="the workers need Fanin"):
+        dry_run(example_config(False), unpackaged_args(False), str(tmp_path / "g.json"))
+    base = ["run", "--input", str(EXAMPLES / "triage.jsonl"), "--output", str(tmp_path / "o"),
+            *unpackaged_args(False)]
+    for extra in (["--dry-run", str(tmp_path / "g.json")], []):
+        assert cli.main(base + extra) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("fanin: error: DataflowRunner: the "
+                                                        "workers need Fanin")
+    assert not (tmp_path / "g.json").exists() and not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("dry", [True, False])
+def test_replay_is_refused_on_dataflow(tmp_path: Path, dry: bool,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """Defect 3: --replay would embed every input line in the job as a TestStream."""
+    argv = ["run", "--input", str(EXAMPLES / "triage.jsonl"), "--replay",
+            "--output", str(tmp_path / "o"), *dataflow_args(True)]
+    if dry:
+        argv += ["--dry-run", str(tmp_path / "g.json")]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert err.startswith("fanin: error: --replay embeds the input in the job as a TestStream")
+    assert not (tmp_path / "g.json").exists() and not (tmp_path / "o").exists()
