@@ -260,7 +260,6 @@ class PubSubSink(Sink):
         self._paused: set[str] = set()
         self._sequence = 0
         self._closed = False
-        self._abandoned = False  # a flush gave up on publishes still in flight
         _watch_at_exit(self)
 
     def __repr__(self) -> str:
@@ -347,7 +346,6 @@ class PubSubSink(Sink):
             done = self._wait(lambda: not self._in_flight or next(iter(self._in_flight)) > last,
                               deadline)
             if not done:
-                self._abandoned = True
                 late = [n for n in self._in_flight if n <= last]
                 for sequence in late:
                     held = self._release(sequence)
@@ -358,7 +356,7 @@ class PubSubSink(Sink):
             failures, self._failures = self._failures, []
             self._held_bytes -= self._failed_bytes
             self._failed_bytes = 0
-            paused, self._paused = self._paused, set()
+            paused, self._paused = (set(), set()) if self._closed else (self._paused, set())
             self._changed.notify_all()
         for join_id in paused:
             self._publisher.resume_publish(self.topic, join_id)
@@ -366,15 +364,14 @@ class PubSubSink(Sink):
             raise PublishError(failures)
 
     def close(self) -> None:
-        """Flush, then stop the client this sink created; raises like ``flush``."""
+        """Stop the client this sink created (which sends every pending batch at once), then
+        flush; raises like ``flush``. An injected client is flushed, not stopped. Publishes a
+        flush gave up on are left to the client's retries (daemon threads: they never delay
+        the interpreter's exit)."""
         with self._changed:
             if self._closed:
                 return
             self._closed = True
-        try:
-            self.flush()
-        finally:
-            if self._owned:
-                self._publisher.stop()
-                if self._abandoned:  # publishes past the deadline: cancel them, do not wait
-                    self._publisher.transport.close()
+        if self._owned:
+            self._publisher.stop()
+        self.flush()

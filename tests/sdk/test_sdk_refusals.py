@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.child_env import same_code_env
 from support.fanin_runs import run_fanin
 
 from fanin.contracts.parsing import parse_message
@@ -22,8 +23,6 @@ from fanin.sdk import (
     MessageRefused,
     fit_error,
 )
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def nested(depth: int) -> Any:
@@ -235,7 +234,7 @@ def test_a_retry_in_another_process_supersedes_the_failed_attempt(tmp_path: Path
         with emitter.receipt(ctx, "check") as r:
             r.value = True
     subprocess.run([sys.executable, "-c", RETRY_WORKER, handed_over, str(traffic)], check=True,
-                   cwd=ROOT)
+                   cwd=tmp_path, env=same_code_env())
     lines = traffic.read_text(encoding="utf-8").splitlines()
     assert [json.loads(line).get("attempt") for line in lines] == [None, 1, 1, 2]
     close = run_fanin(lines, tmp_path)[ctx.join_id]
