@@ -76,8 +76,10 @@ def _add_run(subparsers: argparse._SubParsersAction) -> None:
                         help="largest message accepted, in bytes")
     limits.add_argument("--max-messages-per-join", type=int, default=100_000)
     limits.add_argument("--window-s", type=float, default=60.0,
-                        help="streaming: event-time window of output files")
-    limits.add_argument("--shards", type=int, default=1, help="files per output per window")
+                        help="streaming: longest wait (processing time, whole seconds) "
+                        "before pending outputs are written to a file")
+    limits.add_argument("--shards", type=int, default=1,
+                        help="files per output (bounded), per write (streaming)")
     run.add_argument("--log-closes", action="store_true",
                      help="log one structured event per close (fanin.close logger)")
     run.add_argument(

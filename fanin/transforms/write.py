@@ -13,16 +13,20 @@ Guarantees:
   temporary files into ``<kind>-all-p0000-s<shard>`` (a single JSONL file is renamed into
   place) and then deletes every temporary file of the run for that shard, also those of bundle
   attempts that failed. No output line crosses a shuffle.
-- Streaming: outputs are grouped in fixed event-time windows (``window_s``); a window's file is
-  written when the watermark passes its end, and late outputs (a late record's event time is
-  behind the watermark) produce a further pane file instead of being dropped: allowed lateness
-  is ``allowed_lateness_s`` (default ten years), so nothing the join emits is dropped.
-  File names carry the window and the pane index.
+- Streaming: nothing is ever dropped by lateness, whatever the event times. Outputs are not
+  windowed by event time: they stay in the global window (whose end is the end of time, so no
+  output is ever behind it) and a shard's pending lines are written as one file when
+  ``pane_lines`` of them are pending or ``window_s`` seconds of processing time passed since
+  the first of them, and the rest when the input ends (end of a replay, drain). Each firing
+  is a pane of the global window: the file is ``<kind>-all-p<pane index>-s<shard>``. The pane
+  index is assigned by the runner's GroupByKey and is part of its committed output, so a
+  retried write bundle rewrites the same name with the same lines (idempotent within a job).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import uuid
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
@@ -33,23 +37,18 @@ import orjson
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.transforms import trigger, window
 from apache_beam.transforms.window import GlobalWindows
-from apache_beam.utils.timestamp import Duration
 from apache_beam.utils.windowed_value import WindowedValue
 
-from fanin.contracts.timefmt import format_ms
 from fanin.io.files import atomic_move, atomic_write
 
 __all__ = ["FORMATS", "WriteOutput"]
 
 FORMATS = ("jsonl", "parquet")
-_TEN_YEARS_S = 10 * 366 * 86400
 
 
-def _window_label(win: Any) -> str:
-    if isinstance(win, window.IntervalWindow):
-        start = format_ms(win.start.micros // 1000).replace(":", "")
-        return f"w{start}"
-    return "all"
+def _base_name(kind: str, pane_index: int, shard: int) -> str:
+    """An output file's name without suffix; bounded runs write pane 0 of each shard."""
+    return f"{kind}-all-p{pane_index:04d}-s{shard:03d}"
 
 
 def _write_lines(path: str, lines: list[str]) -> None:
@@ -74,21 +73,21 @@ def _write_shard(folder: str, kind: str, formats: Sequence[str], base: str,
 
 
 class _WriteFiles(beam.DoFn):
-    """Streaming: one file set per window, pane and shard."""
+    """Streaming: one file set per pane and shard."""
 
     def __init__(self, folder: str, kind: str, formats: Sequence[str]) -> None:
         self._folder = folder
         self._kind = kind
         self._formats = tuple(formats)
 
-    def process(self, element: tuple[int, Iterable[str]], win: Any = beam.DoFn.WindowParam,
+    def process(self, element: tuple[int, Iterable[str]],
                 pane: Any = beam.DoFn.PaneInfoParam) -> Iterable[str]:
         shard, lines = element
         ordered = sorted(lines)
         if not ordered:
             return
-        base = f"{self._kind}-{_window_label(win)}-p{pane.index:04d}-s{shard:03d}"
-        yield from _write_shard(self._folder, self._kind, self._formats, base, ordered)
+        yield from _write_shard(self._folder, self._kind, self._formats,
+                                _base_name(self._kind, pane.index, shard), ordered)
 
 
 class _SpillBundles(beam.DoFn):
@@ -130,7 +129,7 @@ class _Finalize(beam.DoFn):
     def process(self, element: tuple[int, Iterable[str]]) -> Iterator[str]:
         shard, spilled = element
         paths = sorted(spilled)
-        base = f"{self._kind}-all-p0000-s{shard:03d}"
+        base = _base_name(self._kind, 0, shard)
         if len(paths) == 1 and self._formats == ("jsonl",):  # already sorted and complete
             final = FileSystems.join(self._folder, base + ".jsonl")
             atomic_move(paths[0], final)
@@ -166,20 +165,25 @@ def _encode(obj: dict[str, Any], shards: int) -> tuple[int, str]:
 
 
 class WriteOutput(beam.PTransform):
-    """Dicts -> files in ``folder``; outputs the paths written."""
+    """Dicts -> files in ``folder``; outputs the paths written.
+
+    Streaming: ``window_s`` (rounded up to whole seconds) is the longest a line waits
+    (processing time) before its file is written, ``pane_lines`` the most lines of one shard held
+    before a file is written.
+    """
 
     def __init__(self, folder: str, kind: str, formats: Sequence[str] = ("jsonl",),
                  streaming: bool = False, window_s: float = 60.0, shards: int = 1,
-                 allowed_lateness_s: float = _TEN_YEARS_S) -> None:
+                 pane_lines: int = 10_000) -> None:
         super().__init__()
         unknown = set(formats) - set(FORMATS)
         if unknown or not formats:
             raise ValueError(f"formats must be a non-empty subset of {FORMATS}")
-        if window_s <= 0 or shards < 1:
-            raise ValueError("window_s must be > 0 and shards >= 1")
+        if window_s <= 0 or shards < 1 or pane_lines < 1:
+            raise ValueError("window_s must be > 0, shards and pane_lines >= 1")
         self._folder, self._kind, self._formats = folder, kind, tuple(formats)
         self._streaming, self._window_s, self._shards = streaming, window_s, shards
-        self._lateness = allowed_lateness_s
+        self._pane_lines = pane_lines
         self._token = uuid.uuid4().hex[:12]  # names this run's temporary files (bounded)
 
     def expand(self, pcoll: beam.PCollection) -> beam.PCollection:
@@ -196,10 +200,12 @@ class WriteOutput(beam.PTransform):
         return (
             pcoll
             | "Window" >> beam.WindowInto(
-                window.FixedWindows(self._window_s),
-                trigger=trigger.AfterWatermark(late=trigger.AfterCount(1)),
-                accumulation_mode=trigger.AccumulationMode.DISCARDING,
-                allowed_lateness=Duration(seconds=self._lateness))
+                window.GlobalWindows(),
+                trigger=trigger.AfterWatermark(early=trigger.AfterAny(
+                    trigger.AfterCount(self._pane_lines),
+                    # Beam's processing-time delay is in whole seconds
+                    trigger.AfterProcessingTime(math.ceil(self._window_s)))),
+                accumulation_mode=trigger.AccumulationMode.DISCARDING)
             | "Encode" >> beam.Map(_encode, self._shards).with_output_types(tuple[int, str])
             | "GroupShards" >> beam.GroupByKey()
             | "WriteFiles" >> beam.ParDo(_WriteFiles(self._folder, self._kind, self._formats))

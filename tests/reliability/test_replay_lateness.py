@@ -1,0 +1,61 @@
+"""Issue 13, item 1: a streaming run never drops an output by lateness, whatever the event
+times. The cases of the issue (each lost outputs with the ten-year allowed lateness of the old
+event-time windowed write), replayed and compared with the bounded run of the same file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.reliability.runs import accounted, messages, run_cli, summary
+
+OPEN = ('{"kind":"open","join_id":"j1","opened_at":"2026-01-01T00:00:00Z",'
+        '"required":["a","b"],"deadline_s":60}')
+RECEIPT = '{"join_id":"j1","branch":"a","status":"ok","event_time":"2026-01-01T00:00:01Z"}'
+THREE = [OPEN, RECEIPT, "not json"]
+
+
+def _same_as_bounded(lines: list[str], tmp_path: Path, *args: str) -> list[tuple]:
+    bounded = run_cli(lines, tmp_path / "bounded", *args)
+    replay = run_cli(lines, tmp_path / "replay", "--replay", "--max-disorder-s", "0", *args)
+    assert accounted(replay) == accounted(bounded) == messages(lines)
+    assert summary(replay) == summary(bounded)
+    return summary(replay)
+
+
+def test_retention_beyond_ten_years_keeps_the_close(tmp_path: Path) -> None:
+    found = _same_as_bounded(THREE, tmp_path, "--retention-s", "400000000")
+    assert found == [("closes", "j1", "timeout"), ("dead_letter", "not json", "invalid_json")]
+
+
+@pytest.mark.parametrize("trigger", ["eager", "watermark"])
+def test_an_open_with_a_huge_deadline_does_not_hide_the_others(tmp_path: Path,
+                                                               trigger: str) -> None:
+    lines = [*THREE, '{"kind":"open","join_id":"zz","deadline_s":1e9}']
+    found = _same_as_bounded(lines, tmp_path, "--close-trigger", trigger)
+    assert found == sorted([("closes", "j1", "timeout"),
+                            ("dead_letter", lines[3], "invalid_message"),
+                            ("dead_letter", "not json", "invalid_json")])
+
+
+def test_a_receipt_eleven_years_later_keeps_the_earlier_close(tmp_path: Path) -> None:
+    lines = [OPEN.replace('["a","b"]', '["a"]'), RECEIPT,
+             '{"join_id":"later","branch":"a","status":"ok",'
+             '"event_time":"2037-01-01T00:00:00Z"}']
+    found = _same_as_bounded(lines, tmp_path, "--close-trigger", "watermark")
+    assert found == [("closes", "j1", "complete"), ("dead_letter", lines[2], "undefined_join")]
+
+
+def test_old_lines_after_new_ones_keep_their_dead_letters(tmp_path: Path) -> None:
+    lines = [OPEN, RECEIPT,
+             '{"join_id":"old","branch":"a","status":"ok","event_time":"2000-01-01T00:00:00Z"}',
+             '{"join_id":"nan","branch":"a","status":"ok","event_time":"2000-01-01T00:00:00Z",'
+             '"value":NaN}',
+             '{"join_id":"old","branch":"a","status":"ok","event_time":"2000-01-01T00:00:01Z",'
+             '"attempt":0}']
+    found = _same_as_bounded(lines, tmp_path)
+    assert found == sorted([("closes", "j1", "timeout"),
+                            ("dead_letter", lines[2], "undefined_join"),
+                            ("dead_letter", lines[3], "invalid_json"),
+                            ("dead_letter", lines[4], "invalid_message")])
