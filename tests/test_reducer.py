@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import pickle
 from typing import Any
 
 from conftest import make_catalog, open_msg, receipt, records
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fanin.core.close import close_object
 from fanin.core.closing import decide_all
 from fanin.core.reducer import JoinReducer
 
@@ -164,7 +164,7 @@ def test_skip_duplicates_and_skip_outside_attempt_rules() -> None:
         receipt("classify", 1), receipt("answer", 1),
     ])
     assert reducer.complete()
-    close = reducer.close(2000, "complete")
+    close = close_object(reducer, 2000, "complete")
     assert close["counts"]["duplicates"] == 1 and close["counts"]["superseded"] == 0
 
 
@@ -265,7 +265,7 @@ def test_redelivery_changes_only_messages_and_duplicates(messages: list[dict[str
         r1.add(rec)
         r2.add(rec)
     r2.add(again)
-    c1, c2 = r1.close(60_000, r1.reason()), r2.close(60_000, r2.reason())
+    c1, c2 = close_object(r1, 60_000, r1.reason()), close_object(r2, 60_000, r2.reason())
     assert c2["counts"]["messages"] == c1["counts"]["messages"] + 1
     assert c2["counts"]["duplicates"] == c1["counts"]["duplicates"] + 1
     c1.pop("counts"), c2.pop("counts")
@@ -325,29 +325,7 @@ def test_incremental_answers_equal_a_recount_after_every_message(
             assert not reducer.complete() and not reducer.all_reported()
             assert not reducer.closable()
             continue
-        close = reducer.close(reducer.deadline(), "timeout")
+        close = close_object(reducer, reducer.deadline(), "timeout")
         recount = (not close["missing"] and not close["failed"] and not close["conflicts"],
                    not close["missing"], len(close["conflicts"]))
         assert (reducer.complete(), reducer.all_reported(), reducer.conflict_count()) == recount
-
-
-@settings(max_examples=150, deadline=None)
-@given(st.lists(_rich_message, min_size=1, max_size=12), st.data())
-def test_a_pickled_reducer_goes_on_exactly_like_the_original(
-        messages: list[dict[str, Any]], data: Any) -> None:
-    """The per-join state is picklable: a copy taken mid-way folds the rest identically."""
-    catalog = make_catalog()
-    recs = records(messages, catalog)
-    cut = data.draw(st.integers(0, len(recs)))
-    original = JoinReducer(catalog)
-    for rec in recs[:cut]:
-        original.add(rec)
-    copy = pickle.loads(pickle.dumps(original))
-    for rec in recs[cut:]:
-        original.add(rec)
-        copy.add(rec)
-        assert (copy.complete(), copy.all_reported(), copy.conflict_count()) == \
-            (original.complete(), original.all_reported(), original.conflict_count())
-    if original.defined():
-        closed_at = original.deadline()
-        assert copy.close(closed_at, "timeout") == original.close(closed_at, "timeout")

@@ -34,6 +34,7 @@ from typing import Any
 
 from fanin.contracts import records as R
 from fanin.contracts.catalog import Catalog
+from fanin.core.close import close_object
 from fanin.core.reducer import JoinReducer
 
 __all__ = ["Closed", "Pending", "Undefined", "decide", "decide_all", "late_reason"]
@@ -80,7 +81,7 @@ def _closed(reducer: JoinReducer, closed_at: int, ordered: list[R.Record], start
     defn = reducer.definition
     reason = reducer.reason()
     late = [(rec, late_reason(rec[_TIME], deadline)) for rec in ordered[start:]]
-    return Closed(reducer.close(closed_at, reason), closed_at, deadline, reason,
+    return Closed(close_object(reducer, closed_at, reason), closed_at, deadline, reason,
                   defn.retention_ms, late)
 
 

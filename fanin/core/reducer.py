@@ -28,8 +28,9 @@ Choices stated in docs/spec.md §3:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any, NamedTuple
 
 from fanin.contracts import records as R
 from fanin.contracts.catalog import Catalog, Definition
@@ -48,7 +49,6 @@ from fanin.contracts.records import (
     R_ATTEMPT,
     R_BRANCH,
     R_CONTENT,
-    R_ERROR,
     R_KEY,
     R_OPENED_AT,
     R_STATUS,
@@ -58,37 +58,14 @@ from fanin.contracts.records import (
     RUN_ID,
     TIME,
 )
-from fanin.contracts.timefmt import MAX_MS, format_ms
+from fanin.contracts.timefmt import MAX_MS
 
-__all__ = ["JoinReducer"]
-
-_NONE = (0, 0, 0, None)
-
-
-class _EmptyMap(dict):  # type: ignore[type-arg]
-    """The shared empty map of joins that never skip, retry or the like: read-only, and pickled
-    as a reference to the one instance, so identity tests (``is _NO_MAP``) survive a pickle."""
-
-    def _read_only(self, *args: Any, **kwargs: Any) -> None:
-        raise TypeError("the shared empty map is read-only; replace it before writing")
-
-    __setitem__ = __delitem__ = setdefault = update = pop = popitem = clear = _read_only
-
-    def __reduce__(self) -> str:
-        return "_NO_MAP"
-
-
-class _EmptySet(frozenset):  # type: ignore[type-arg]
-    """The shared empty set (see ``_EmptyMap``); pickled as a reference to the one instance."""
-
-    def __reduce__(self) -> str:
-        return "_NO_SET"
-
+__all__ = ["Changed", "Entry", "JoinReducer", "top_receipts"]
 
 # Shared read-only empties: most joins never skip, retry, name a contract or prune; a real
 # container replaces the sentinel on first write (fewer allocations = less GC work per join).
-_NO_MAP: Any = _EmptyMap()
-_NO_SET: frozenset[Any] = _EmptySet()
+_NO_MAP: Any = MappingProxyType({})
+_NO_SET: frozenset[Any] = frozenset()
 
 
 def _earlier(a: R.Record, b: R.Record) -> bool:
@@ -103,6 +80,13 @@ def _earlier(a: R.Record, b: R.Record) -> bool:
         (b[MESSAGE_ID] or "", b[RUN_ID] or "", b[RAW])
 
 
+def top_receipts(entry: Entry) -> dict[str, R.Record]:
+    """content -> record at the top attempt, for either form of a branch entry."""
+    if type(entry) is Changed:
+        return entry.cand
+    return {entry[R_CONTENT]: entry}
+
+
 def _keep_first(mapping: dict[str, R.Record], key: str, record: R.Record) -> bool:
     """Store ``record`` under ``key``, keeping the earliest copy; True if the key was new."""
     seen = mapping.get(key)
@@ -114,7 +98,7 @@ def _keep_first(mapping: dict[str, R.Record], key: str, record: R.Record) -> boo
     return False
 
 
-class _Changed:
+class Changed:
     """A branch whose top attempt has several distinct contents (``duplicate_changed``).
 
     ``cand``: content -> the first record of that content, all at the same attempt. A branch
@@ -131,15 +115,45 @@ class _Changed:
         return next(iter(self.cand.values()))[R_ATTEMPT]
 
 
-Entry = R.Record | _Changed
-Contribution = tuple[int, int, int, Any]
+Entry = R.Record | Changed
+"""A branch's top-attempt state: the bare first record of its one content, or ``Changed``."""
+
+
+class Written(NamedTuple):
+    """An ok receipt's write, for key conflicts: the key and the value's canonical JSON."""
+
+    key: str
+    canon: str
+
+
+class Contribution(NamedTuple):
+    """What one branch adds to the join's counters (a pure function of the definition, the
+    pruned set and the branch's entry)."""
+
+    missing: int  # 1 if a required, unpruned branch has no current ok receipt
+    not_ok: int  # 1 if such a branch's current receipt is error or timeout
+    conflicts: int  # conflict entries of the branch (unknown, pruned, changed, schema)
+    written: Written | None  # the key and value it writes, if a current ok receipt
+
+
+_NONE = Contribution(0, 0, 0, None)
+
+
+class _Writers:
+    """A key written by several branches: how many, and how many per value canon."""
+
+    __slots__ = ("by_value", "count")
+
+    def __init__(self, count: int, by_value: dict[str, int]) -> None:
+        self.count = count
+        self.by_value = by_value
 
 
 class JoinReducer:
     """Order-independent state of one join; see the module docstring for the guarantees.
 
     What is kept: ``branches`` (branch -> its top-attempt entry: the bare first record of its
-    one content, or ``_Changed``), ``skips`` (path -> first skip), the distinct opens, the
+    one content, or ``Changed``), ``skips`` (path -> first skip), the distinct opens, the
     ``(branch, attempt, content)`` groups below each branch's top attempt, and counters.
     Each branch's *contribution* ``(missing, not ok, conflicts, (key, value canon) or
     None)`` is a pure function of the definition, the pruned set and its entry; when one of
@@ -148,9 +162,9 @@ class JoinReducer:
 
     # Fixed slots (no per-instance dict); containers most joins never need start as shared
     # read-only sentinels and are created on first write (fewer allocations, less GC work).
-    __slots__ = ("_deadline", "_defn", "_fast", "_first", "_keys", "_lower", "_n_conflicts",
-                 "_n_missing", "_n_notok", "_open_runs", "_opens", "_pinned", "_pruned",
-                 "_receipt_run", "_skip_keys", "_violations", "branches", "catalog",
+    __slots__ = ("_deadline", "_defn", "_fast", "_first", "_keys", "_lower",
+                 "_n_conflicts", "_n_missing", "_n_notok", "_open_runs", "_opens", "_pinned",
+                 "_pruned", "_receipt_run", "_skip_keys", "_violations", "branches", "catalog",
                  "contract_names", "duplicates", "messages", "min_event", "min_receipt_opened",
                  "skips", "superseded")
 
@@ -178,7 +192,7 @@ class JoinReducer:
         self._n_missing = 1
         self._n_notok = self._n_conflicts = 0
         self._pruned: set[str] = _NO_SET
-        # key -> value canon (one writer) or [writers, {value canon: writers}], for key
+        # key -> value canon (one writer) or _Writers (several), for key
         # conflicts. Left empty (the shared sentinel) while every key written is its writer's own
         # branch name: such keys cannot collide. Built by _build_keys at the first other key.
         self._keys: dict[str, Any] = _NO_MAP
@@ -187,7 +201,8 @@ class JoinReducer:
         self._fast: Mapping[str, int] = _NO_MAP
         self._violations: dict[str, str | None] = _NO_MAP  # content -> schema error (cache)
         # (opened_at, join_id) of a definition fixed by ``pin``; None: derived from the records
-        # run ids: the least among the receipts, and per distinct open the least of its copies
+        # run ids: the least among the receipts, and the least of the copies of each open that
+        # has several
         self._receipt_run: str | None = None
         self._open_runs: dict[str, str] = _NO_MAP
         # skipped path -> the least key among its skips, where a later skip had a lesser key
@@ -206,21 +221,6 @@ class JoinReducer:
         self._pinned = (opened_at, join_id)
         self._defn = None
         self._redefine_to(definition)
-
-    # What a pickle keeps: the records and counts. The definition (its schema validators do not
-    # pickle) and everything derived from it are resolved again from the catalog on unpickling.
-    _PICKLED = ("catalog", "branches", "skips", "messages", "duplicates", "superseded",
-                "_first", "_opens", "contract_names", "min_event", "min_receipt_opened", "_lower")
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in self._PICKLED}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["catalog"])  # type: ignore[misc]
-        for name, value in state.items():
-            setattr(self, name, value)
-        if self.messages:
-            self._redefine()
 
     @property
     def opens(self) -> dict[str, R.Record]:
@@ -272,7 +272,7 @@ class JoinReducer:
         self._fast = defn.role
         shifts = [(name, self._contribution(name, None), self._contribution(name, entry))
                   for name, entry in self.branches.items()]
-        if any(new[3] is not None and new[3][0] != name for name, _, new in shifts):
+        if any(new.written is not None and new.written.key != name for name, _, new in shifts):
             self._keys = {}  # built up by the shifts below
         for name, old, new in shifts:
             self._shift(name, old, new)
@@ -281,31 +281,40 @@ class JoinReducer:
 
     @property
     def definition(self) -> Definition:
+        """The join's definition now (docs/spec.md §2)."""
         if self._defn is None:
             self._redefine()
-            assert self._defn is not None
+        if self._defn is None:
+            raise ValueError("a join's definition resolves to a Definition")
         return self._defn
+
+    def _defined(self) -> Definition:
+        """The current definition, which has a ``required`` set (callers check first)."""
+        defn = self._defn
+        if defn is None or defn.required is None:
+            raise ValueError("the join is not defined")
+        return defn
 
     # ------------------------------------------------------------------ derived counters
     def _contribution(self, name: str, entry: Entry | None) -> Contribution:
         """What branch ``name`` with ``entry`` (None: no receipt) adds to the counters."""
-        defn = self._defn
-        assert defn is not None and defn.required is not None
+        defn = self._defined()
         required = defn.role.get(name)
         if required is None or name in self._pruned:  # unknown, or pruned
-            return (0, 0, 1, None) if entry is not None else _NONE
+            return Contribution(0, 0, 1, None) if entry is not None else _NONE
         if entry is None:
-            return (required, 0, 0, None)
-        if type(entry) is _Changed:
-            return (required, 0, 1, None)
+            return Contribution(required, 0, 0, None)
+        if type(entry) is Changed:
+            return Contribution(required, 0, 1, None)
         if entry[R_STATUS] != "ok":
-            return (required, required, 0, None)
+            return Contribution(required, required, 0, None)
         validator = defn.validators.get(entry[R_KEY]) if defn.validators else None
-        bad = 1 if validator is not None and self._violation(entry, validator) else 0
-        return (0, 0, bad, (entry[R_KEY], entry[R_VALUE_CANON]))
+        bad = 1 if validator is not None and self.violation(entry, validator) else 0
+        return Contribution(0, 0, bad, Written(entry[R_KEY], entry[R_VALUE_CANON]))
 
-    def _violation(self, record: R.Record, validator: Any) -> str | None:
-        """The schema error of an ok value, or None; cached per content."""
+    def violation(self, record: R.Record, validator: Any) -> str | None:
+        """The schema error of an ok value (at most 500 characters), or None; cached per
+        content."""
         content = record[R_CONTENT]
         cache = self._violations
         if content in cache:
@@ -321,13 +330,14 @@ class JoinReducer:
         """Replace branch ``name``'s contribution ``old`` by ``new`` in the counters."""
         if old == new:
             return
-        self._n_missing += new[0] - old[0]
-        self._n_notok += new[1] - old[1]
-        self._n_conflicts += new[2] - old[2]
-        was, now = old[3], new[3]
+        missing, not_ok, conflicts, now = new
+        self._n_missing += missing - old.missing
+        self._n_notok += not_ok - old.not_ok
+        self._n_conflicts += conflicts - old.conflicts
+        was = old.written
         if was != now:
             if self._keys is _NO_MAP:
-                if (was is None or was[0] == name) and (now is None or now[0] == name):
+                if (was is None or was.key == name) and (now is None or now.key == name):
                     return  # own keys only: nothing to track
                 self._build_keys(name, was)
             if was is not None:
@@ -335,18 +345,18 @@ class JoinReducer:
             if now is not None:
                 self._key_entry(now, 1)
 
-    def _build_keys(self, name: str, entry: tuple[str, str] | None) -> dict[str, Any]:
+    def _build_keys(self, name: str, entry: Written | None) -> dict[str, Any]:
         """Build the key map from the contributions in the counters (all own keys, so all
         distinct); ``entry`` is ``name``'s, whose branch entry may already be its next one."""
         keys: dict[str, Any] = {}
         for other, branch in self.branches.items():
-            written = entry if other == name else self._contribution(other, branch)[3]
+            written = entry if other == name else self._contribution(other, branch).written
             if written is not None:
                 keys[written[0]] = written[1]
         self._keys = keys
         return keys
 
-    def _key_entry(self, entry: tuple[str, str], delta: int) -> None:
+    def _key_entry(self, entry: Written, delta: int) -> None:
         """Add/remove one writer of ``key = value``; key conflicts count every writer."""
         key, value = entry
         keys = self._keys
@@ -359,29 +369,27 @@ class JoinReducer:
                 del keys[key]
                 return
             if slot == value:
-                keys[key] = [2, {value: 2}]
+                keys[key] = _Writers(2, {value: 2})
             else:
-                keys[key] = [2, {slot: 1, value: 1}]
+                keys[key] = _Writers(2, {slot: 1, value: 1})
                 self._n_conflicts += 2
             return
-        values = slot[1]
-        before = slot[0] if len(values) > 1 else 0
-        slot[0] += delta
+        values = slot.by_value
+        before = slot.count if len(values) > 1 else 0
+        slot.count += delta
         count = values.get(value, 0) + delta
         if count:
             values[value] = count
         else:
             del values[value]
-        after = slot[0] if len(values) > 1 else 0
+        after = slot.count if len(values) > 1 else 0
         self._n_conflicts += after - before
         if not values:
             del keys[key]
 
     def _apply_skip(self, path: str) -> None:
         """Prune what a (first) skip of ``path`` covers, under the current definition."""
-        defn = self._defn
-        assert defn is not None
-        covered = defn.under.get(path)
+        covered = self._defined().under.get(path)
         if not covered:
             self._n_conflicts += 1  # unknown_branch: the skip prunes nothing
             return
@@ -428,6 +436,7 @@ class JoinReducer:
                 self._n_notok += role
                 return
             key = record[R_KEY]
+            # _fast is non-empty only while the join is defined, so _defn is set here
             if key not in self._defn.validators:  # type: ignore[union-attr]
                 self._n_missing -= role
                 keys = self._keys
@@ -472,13 +481,6 @@ class JoinReducer:
         return True
 
     def _add_open(self, record: R.Record) -> None:
-        run = record[RUN_ID]
-        if run is not None:
-            canon = record[O_CANON]
-            if self._open_runs is _NO_MAP:
-                self._open_runs = {}
-            if canon not in self._open_runs or run < self._open_runs[canon]:
-                self._open_runs[canon] = run
         redefine = self._note_contract(record[CONTRACT])
         if self.messages == 1 and self._pinned is None:
             # a fresh join's open (the usual first message): define it without the general path
@@ -505,12 +507,23 @@ class JoinReducer:
             redefine = True
         else:
             self.duplicates += 1
+            self._note_open_run(canon, seen, record[RUN_ID])
             if _earlier(record, seen):
                 self._opens[canon] = record
                 if self._first is seen:
                     self._first = record
         if redefine:
             self._redefine()
+
+    def _note_open_run(self, canon: str, seen: R.Record, run: str | None) -> None:
+        """A copy of an open seen before: keep the least run_id among its copies."""
+        least = self._open_runs.get(canon, seen[RUN_ID])
+        if run is not None and (least is None or run < least):
+            least = run
+        if least is not None:
+            if self._open_runs is _NO_MAP:
+                self._open_runs = {}
+            self._open_runs[canon] = least
 
     def _add_skip(self, record: R.Record) -> None:
         path = record[R_BRANCH]
@@ -541,7 +554,7 @@ class JoinReducer:
                     if _earlier(record, entry):
                         self.branches[name] = record
                     return
-                new: Entry = _Changed({entry[R_CONTENT]: entry, content: record})
+                new: Entry = Changed({entry[R_CONTENT]: entry, content: record})
             elif attempt > top:
                 self._supersede(name, top, entry[R_CONTENT])
                 new = record
@@ -630,154 +643,33 @@ class JoinReducer:
         receipts."""
         first = self._first
         if first is not None:
-            run = self._open_runs.get(first[O_CANON])
+            run = self._open_runs.get(first[O_CANON], first[RUN_ID])
             if run is not None:
                 return run
         return self._receipt_run
 
-    def _kept_records(self) -> Iterator[R.Record]:
-        """The distinct opens, first skips and top-attempt candidates (what a close shows)."""
-        yield from self.opens.values()
-        yield from self.skips.values()
-        for entry in self.branches.values():
-            yield from _candidates(entry).values()
+    @property
+    def pruned(self) -> frozenset[str] | set[str]:
+        """Declared branches pruned by skips, under the current definition."""
+        return self._pruned
+
+    def skip_key(self, path: str) -> str:
+        """The least key among the skips of ``path`` (a skipped path)."""
+        return self._skip_keys.get(path, self.skips[path][R_KEY])
 
     def reason(self) -> str:
         if self.complete():
             return "complete"
         return "partial" if self.definition.allow_partial else "timeout"
 
-    # ------------------------------------------------------------------ the close
-    def close(self, closed_at: int, reason: str) -> dict[str, Any]:
-        """The close object of docs/spec.md §5 for the records folded so far."""
-        defn = self.definition
-        required = defn.required
-        assert required is not None, "an undefined join has no close"
-        pruned, role, validators = self._pruned, defn.role, defn.validators
-        branches_out: dict[str, Any] = {}
-        conflicts: list[dict[str, Any]] = []
-        # key -> [(branch, value canon, value)] of current ok receipts
-        writers: dict[str, list[tuple[str, str, Any]]] = {}
-        for name, record in self.branches.items():
-            if type(record) is _Changed or name not in role or name in pruned:
-                conflicts.append(_branch_conflict(name, record, role, pruned))
-                continue
-            key = record[R_KEY]
-            branches_out[name] = _receipt_view(record)
-            if record[R_STATUS] == "ok":
-                validator = validators.get(key) if validators else None
-                problem = validator and self._violation(record, validator)
-                if problem:
-                    conflicts.append({"kind": "schema_violation", "branch": name, "key": key,
-                                      "detail": problem})
-                entry = (name, record[R_VALUE_CANON], record[R_VALUE])
-                same_key = writers.get(key)
-                if same_key is None:
-                    writers[key] = [entry]
-                else:
-                    same_key.append(entry)
-        for path, record in self.skips.items():
-            if defn.under.get(path):
-                branches_out[path] = _receipt_view(record)
-            else:
-                conflicts.append({"kind": "unknown_branch", "branch": path,
-                                  "key": self._skip_keys.get(path, record[R_KEY])})
-        values = self._values(writers, conflicts)
-        if len(self._opens) > 1:
-            conflicts.append({"kind": "open_conflict", "branch": None, "key": None,
-                              "count": len(self._opens)})
-        if len(self.contract_names) > 1:
-            conflicts.append({"kind": "contract_conflict", "branch": None, "key": None,
-                              "contracts": sorted(self.contract_names)})
-        missing, failed = [], []
-        for name in (defn.required_sorted if not pruned else sorted(required - pruned)):
-            view = branches_out.get(name)
-            if view is None:
-                missing.append(name)
-            elif view["status"] in ("error", "timeout"):
-                failed.append(name)
-        if len(conflicts) > 1:
-            conflicts.sort(key=_conflict_order)
-        opened = self.opened_at()
-        assert opened is not None
-        return {
-            "join_id": self._join_id(),
-            "contract": defn.contract,
-            "run_id": self.run_id(),
-            "reason": reason,
-            "opened_at": format_ms(opened),
-            "deadline": format_ms(self.deadline()),  # type: ignore[arg-type]
-            "closed_at": format_ms(closed_at),
-            "latency_ms": closed_at - opened,
-            "required": list(defn.required_sorted),
-            "optional": list(defn.optional_sorted),
-            "pruned": sorted(pruned),
-            "missing": missing,
-            "failed": failed,
-            "values": dict(sorted(values.items())) if len(values) > 1 else values,
-            "branches": dict(sorted(branches_out.items())),
-            "conflicts": conflicts,
-            "counts": {"messages": self.messages,
-                       "duplicates": self.duplicates,
-                       "superseded": self.superseded},
-        }
-
-    @staticmethod
-    def _values(writers: dict[str, list[tuple[str, str, Any]]],
-                conflicts: list[dict[str, Any]]) -> dict[str, Any]:
-        """``values`` of the close; appends the key conflicts to ``conflicts``."""
-        values: dict[str, Any] = {}
-        conflicted = {c["branch"] for c in conflicts} if conflicts else _NO_SET
-        for key, entries in writers.items():
-            if len(entries) == 1:  # one writer: its value, unless its branch is in conflict
-                name, _, value = entries[0]
-                if name not in conflicted:
-                    values[key] = value
-                continue
-            if len({canon for _, canon, _ in entries}) > 1:
-                for name, _, value in entries:
-                    conflicts.append({"kind": "key_conflict", "branch": name, "key": key,
-                                      "value": value})
-            else:
-                clean = [(name, value) for name, _, value in entries if name not in conflicted]
-                if clean:  # JSON-equal values: the least branch's spelling (1 or 1.0)
-                    values[key] = min(clean, key=lambda item: item[0])[1]
-        return values
-
-    def _join_id(self) -> str:
+    def join_id(self) -> str:
+        """The join's id (every record of a join carries it)."""
         if self._pinned is not None:
             return self._pinned[1]
         if self._first is not None:
             return self._first[JOIN_ID]
-        for record in self._kept_records():  # every record of a join carries its join_id
+        for entry in self.branches.values():
+            return next(iter(top_receipts(entry).values()))[JOIN_ID]
+        for record in self.skips.values():
             return record[JOIN_ID]
-        raise ValueError("empty join")
-
-
-def _branch_conflict(name: str, entry: Entry, role: Mapping[str, int],
-                     pruned: set[str]) -> dict[str, Any]:
-    """The conflict entry of a branch with no current receipt to show."""
-    cand = _candidates(entry)
-    kind = "unknown_branch" if name not in role else \
-        "pruned_branch_reported" if name in pruned else "duplicate_changed"
-    conflict = {"kind": kind, "branch": name, "key": min(r[R_KEY] for r in cand.values())}
-    if kind == "duplicate_changed":
-        conflict["attempt"] = next(iter(cand.values()))[R_ATTEMPT]
-    return conflict
-
-
-def _conflict_order(conflict: dict[str, Any]) -> tuple[str, str, str]:
-    return (conflict["kind"], conflict["branch"] or "", conflict["key"] or "")
-
-
-def _candidates(entry: Entry) -> dict[str, R.Record]:
-    """content -> record at the top attempt, for either form of a branch entry."""
-    if type(entry) is _Changed:
-        return entry.cand
-    return {entry[R_CONTENT]: entry}
-
-
-def _receipt_view(record: R.Record) -> dict[str, Any]:
-    return {"status": record[R_STATUS], "key": record[R_KEY],
-            "attempt": record[R_ATTEMPT], "event_time": format_ms(record[TIME]),
-            "value": record[R_VALUE], "error": record[R_ERROR]}
+        raise ValueError("an empty join has no id")
