@@ -104,7 +104,7 @@ def _normalize(value: Any) -> Any:
 
 
 _DUMPS = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode
-encode_str = json.encoder.encode_basestring  # type: ignore[attr-defined]
+encode_str = json.encoder.encode_basestring
 
 
 def canonical(value: Any) -> str:

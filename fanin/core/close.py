@@ -71,7 +71,7 @@ def _branch_views(reducer: JoinReducer, defn: Definition
     conflicts: list[dict[str, Any]] = []
     writers: _Writers = {}
     for name, entry in reducer.branches.items():
-        if type(entry) is Changed or name not in role or name in pruned:
+        if isinstance(entry, Changed) or name not in role or name in pruned:
             conflicts.append(_branch_conflict(name, entry, role, pruned))
             continue
         key = entry[R.R_KEY]
@@ -126,7 +126,7 @@ def _join_conflicts(reducer: JoinReducer) -> list[dict[str, Any]]:
     return found
 
 
-def _missing_and_failed(defn: Definition, pruned: frozenset[str] | set[str],
+def _missing_and_failed(defn: Definition, pruned: set[str],
                         views: dict[str, Any]) -> tuple[list[str], list[str]]:
     """Required, unpruned branches without a current receipt, and those whose current receipt
     is ``error`` or ``timeout``; both sorted."""
@@ -143,7 +143,7 @@ def _missing_and_failed(defn: Definition, pruned: frozenset[str] | set[str],
 
 
 def _branch_conflict(name: str, entry: Entry, role: Mapping[str, int],
-                     pruned: frozenset[str] | set[str]) -> dict[str, Any]:
+                     pruned: set[str]) -> dict[str, Any]:
     """The conflict entry of a branch with no current receipt to show."""
     top = top_receipts(entry)
     kind = "unknown_branch" if name not in role else \

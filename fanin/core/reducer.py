@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 from fanin.contracts import records as R
 from fanin.contracts.catalog import Catalog, Definition
@@ -65,7 +65,7 @@ __all__ = ["Changed", "Entry", "JoinReducer", "top_receipts"]
 # Shared read-only empties: most joins never skip, retry, name a contract or prune; a real
 # container replaces the sentinel on first write (fewer allocations = less GC work per join).
 _NO_MAP: Any = MappingProxyType({})
-_NO_SET: frozenset[Any] = frozenset()
+_NO_SET: Any = frozenset()
 
 
 def _earlier(a: R.Record, b: R.Record) -> bool:
@@ -73,7 +73,7 @@ def _earlier(a: R.Record, b: R.Record) -> bool:
     run_id, text)."""
     ta, tb = a[TIME], b[TIME]
     if ta != tb:  # the usual answers first, without building the full comparison
-        return ta < tb
+        return bool(ta < tb)
     if a[RAW] == b[RAW]:  # the same text (a redelivery): the same message, not earlier
         return False
     return (a[MESSAGE_ID] or "", a[RUN_ID] or "", a[RAW]) < \
@@ -82,7 +82,7 @@ def _earlier(a: R.Record, b: R.Record) -> bool:
 
 def top_receipts(entry: Entry) -> dict[str, R.Record]:
     """content -> record at the top attempt, for either form of a branch entry."""
-    if type(entry) is Changed:
+    if isinstance(entry, Changed):
         return entry.cand
     return {entry[R_CONTENT]: entry}
 
@@ -112,7 +112,8 @@ class Changed:
 
     @property
     def attempt(self) -> int:
-        return next(iter(self.cand.values()))[R_ATTEMPT]
+        attempt: int = next(iter(self.cand.values()))[R_ATTEMPT]
+        return attempt
 
 
 Entry = R.Record | Changed
@@ -236,7 +237,8 @@ class JoinReducer:
     def contract(self) -> str | None:
         first = self._first
         if first is not None and first[CONTRACT] is not None:
-            return first[CONTRACT]
+            contract: str = first[CONTRACT]
+            return contract
         return min(self.contract_names) if self.contract_names else None
 
     def _resolve(self) -> Definition:
@@ -304,7 +306,7 @@ class JoinReducer:
             return Contribution(0, 0, 1, None) if entry is not None else _NONE
         if entry is None:
             return Contribution(required, 0, 0, None)
-        if type(entry) is Changed:
+        if isinstance(entry, Changed):
             return Contribution(required, 0, 1, None)
         if entry[R_STATUS] != "ok":
             return Contribution(required, required, 0, None)
@@ -401,7 +403,7 @@ class JoinReducer:
                     self._pruned = set()
                     self._fast = dict(self._fast)  # the definition's map is shared
                 self._pruned.add(name)
-                self._fast.pop(name, None)
+                cast(dict[str, int], self._fast).pop(name, None)  # a copy, made above
                 self._shift(name, old, self._contribution(name, entry))
 
     # ------------------------------------------------------------------ folding
@@ -445,7 +447,7 @@ class JoinReducer:
                         return  # its own key: cannot collide while all keys are own keys
                     keys = self._build_keys(name, None)
                 if key in keys:
-                    self._key_entry((key, record[R_VALUE_CANON]), 1)
+                    self._key_entry(Written(key, record[R_VALUE_CANON]), 1)
                 else:
                     keys[key] = record[R_VALUE_CANON]
                 return
@@ -546,7 +548,7 @@ class JoinReducer:
         """A further receipt of a branch that has one already."""
         attempt = record[R_ATTEMPT]
         content = record[R_CONTENT]
-        if type(entry) is tuple:
+        if not isinstance(entry, Changed):
             top = entry[R_ATTEMPT]
             if attempt == top:
                 if content == entry[R_CONTENT]:
@@ -622,7 +624,8 @@ class JoinReducer:
             return self._pinned[0]
         first = self.defining_open()
         if first is not None:
-            return first[TIME]
+            opened: int = first[TIME]
+            return opened
         if self.min_receipt_opened is not None:
             return self.min_receipt_opened
         return self.min_event
@@ -649,13 +652,14 @@ class JoinReducer:
         return self._receipt_run
 
     @property
-    def pruned(self) -> frozenset[str] | set[str]:
+    def pruned(self) -> set[str]:
         """Declared branches pruned by skips, under the current definition."""
         return self._pruned
 
     def skip_key(self, path: str) -> str:
         """The least key among the skips of ``path`` (a skipped path)."""
-        return self._skip_keys.get(path, self.skips[path][R_KEY])
+        least = self._skip_keys.get(path)
+        return least if least is not None else str(self.skips[path][R_KEY])
 
     def reason(self) -> str:
         if self.complete():
@@ -666,10 +670,10 @@ class JoinReducer:
         """The join's id (every record of a join carries it)."""
         if self._pinned is not None:
             return self._pinned[1]
-        if self._first is not None:
-            return self._first[JOIN_ID]
-        for entry in self.branches.values():
-            return next(iter(top_receipts(entry).values()))[JOIN_ID]
-        for record in self.skips.values():
-            return record[JOIN_ID]
-        raise ValueError("an empty join has no id")
+        records = [self._first] if self._first is not None else []
+        records += [next(iter(top_receipts(entry).values())) for entry in self.branches.values()]
+        records += self.skips.values()
+        if not records:
+            raise ValueError("an empty join has no id")
+        join_id: str = records[0][JOIN_ID]
+        return join_id
