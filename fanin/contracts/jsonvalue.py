@@ -19,7 +19,7 @@ import json
 import math
 from typing import Any
 
-__all__ = ["MAX_DEPTH", "JSONRefused", "canonical", "dumps", "encode_str", "loads_strict"]
+__all__ = ["MAX_DEPTH", "JSONRefused", "canonical", "encode_str", "loads_strict"]
 
 MAX_DEPTH = 64
 
@@ -122,7 +122,3 @@ def canonical(value: Any) -> str:
         return int.__repr__(int(value)) if value.is_integer() else float.__repr__(value)
     return _DUMPS(_normalize(value))
 
-
-def dumps(value: Any) -> str:
-    """Compact JSON text for output lines (UTF-8, fields in the order given)."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)

@@ -63,9 +63,9 @@ class Undefined:
 
 @dataclass(frozen=True)
 class Pending:
-    """Not decidable yet; ask again once the horizon reaches ``wake_at`` (None: no records)."""
+    """Not decidable yet; ask again once the horizon reaches ``wake_at``."""
 
-    wake_at: int | None
+    wake_at: int
 
 
 _TIME = R.TIME
@@ -126,7 +126,7 @@ def decide(records: list[R.Record], catalog: Catalog, horizon: int | None
                 return _closed(reducer, t, ordered, i, deadline)
             return Pending(t)
     if deadline is None:
-        return Pending(None)
+        raise ValueError("decide() needs at least one record")
     return _at_deadline(reducer, ordered, n, deadline, horizon)
 
 
