@@ -4,7 +4,8 @@ runs on hypothesis draws (shrinkable) or on a seeded ``random.Random`` (cheap, f
 A join has zero, one or two opens (duplicate or conflicting), receipts before and after its
 ``opened_at`` and deadline, definitions carried only by receipts (``contract``,
 ``opened_at``), skips with path prefixes, retries, redeliveries, changed duplicates, key
-conflicts, schema violations, several contracts and ties on the millisecond. Every choice
+conflicts, schema violations, several contracts, ties on the millisecond, and stragglers
+after a tombstone expired (contract ``c6`` keeps its tombstone 5 s). Every choice
 shrinks towards the plain case (no feature).
 """
 
@@ -50,6 +51,10 @@ contracts:
     fail_fast: true
     schemas:
       k: {type: integer}
+  - name: c6
+    required: [a, b]
+    deadline_s: 10
+    retention_s: 5
 """
 CONTRACTS = parse_contracts(CONTRACTS_YAML)
 NAMES = sorted(CONTRACTS)

@@ -20,7 +20,7 @@ then the message text, which is also the order of a replay file sorted by event 
   closable. The close holds exactly the messages with effective event time
   (``max(event_time, opened_at)``) ``<= closed_at``.
 - ``join_outputs(msgs)``: undefined joins (dead letters, the rest a fresh join), the per-join
-  limit, late lines and tombstones, as docs/semantics.md reads them.
+  limit, late lines and tombstones, as docs/spec.md reads them.
 
 Readings taken where the docs leave room are marked ``READING:``.
 """
@@ -149,7 +149,7 @@ class Env:
     contracts: dict[str, Contract]
     defaults: JoinDefaults = field(default_factory=JoinDefaults)
     max_messages_per_join: int = 100_000
-    reopen_after_retention: bool = True  # docs/semantics.md "Tombstones and stragglers"
+    reopen_after_retention: bool = True  # docs/spec.md "Tombstones and stragglers"
 
 
 # ---------------------------------------------------------------------------- §2 definition
@@ -323,7 +323,7 @@ def reduce(defn: Definition, msgs: list[Msg]) -> State:
                          None)
             if error is not None:
                 conflicts.append({"kind": "schema_violation", "branch": name, "key": m.key,
-                                  "detail": error.message})
+                                  "detail": error.message[:500]})
     key_conflicted = set()
     for key, ws in writers.items():
         if len({json_key(m.value) for m in ws}) > 1:
@@ -367,12 +367,14 @@ class Closed:
     defn: Definition
     closed_at: int
     included: list[Msg]
+    decided_at: int  # the event time by which the stream knows it: messages up to it were seen
 
 
 @dataclass(frozen=True)
 class Undefined:
     deadline: int
     rejected: list[Msg]
+    decided_at: int
 
 
 def _upto(msgs: list[Msg], t: int) -> list[Msg]:
@@ -383,11 +385,11 @@ def _at_deadline(defn: Definition, msgs: list[Msg]) -> Closed | Undefined:
     """The watermark passed ``D`` of ``defn`` with no message in between."""
     so_far = _upto(msgs, defn.deadline)
     if defn.required is None:
-        return Undefined(defn.deadline, so_far)
-    return Closed(defn, defn.deadline, so_far)
+        return Undefined(defn.deadline, so_far, defn.deadline)
+    return Closed(defn, defn.deadline, so_far, defn.deadline)
 
 
-def _closing_lookback(defn: Definition, msgs: list[Msg], times: list[int]
+def _closing_lookback(defn: Definition, msgs: list[Msg], times: list[int], now: int
                       ) -> Closed | None:
     """A message moved ``D`` behind itself: the join closes at once, at or before the new
     ``D``, under the new definition.
@@ -400,8 +402,8 @@ def _closing_lookback(defn: Definition, msgs: list[Msg], times: list[int]
         return None
     for t in sorted({*times, defn.opened_at}):
         if defn.opened_at <= t <= defn.deadline and closable(defn, _upto(msgs, t)):
-            return Closed(defn, t, _upto(msgs, t))
-    return Closed(defn, defn.deadline, _upto(msgs, defn.deadline))
+            return Closed(defn, t, _upto(msgs, t), now)
+    return Closed(defn, defn.deadline, _upto(msgs, defn.deadline), now)
 
 
 def decide(msgs: list[Msg], env: Env) -> Closed | Undefined:
@@ -419,9 +421,10 @@ def decide(msgs: list[Msg], env: Env) -> Closed | Undefined:
         defn = definition(so_far, env)
         if defn.deadline < t:
             # READING: an undefined join decided this way rejects its messages so far
-            return _closing_lookback(defn, msgs, times) or Undefined(defn.deadline, so_far)
+            return _closing_lookback(defn, msgs, times, t) or \
+                Undefined(defn.deadline, so_far, t)
         if defn.required is not None and t >= defn.opened_at and closable(defn, so_far):
-            return Closed(defn, t, so_far)
+            return Closed(defn, t, so_far, t)
         in_force = defn
     assert in_force is not None
     return _at_deadline(in_force, msgs)
@@ -480,7 +483,8 @@ def join_outputs(msgs: list[Msg], env: Env) -> dict[str, list[dict[str, Any]]]:
       event time (starts the next join if an undefined join was decided before it), else
       ``join_too_large``.
     - A message after ``D + retention_s`` of a closed join starts a fresh join (tombstone
-      gone), when ``env.reopen_after_retention``.
+      gone), when ``env.reopen_after_retention`` — unless the join had seen it already (its
+      event time is not after the decision: it moved ``D`` behind itself).
     """
     out: dict[str, list[dict[str, Any]]] = {"closes": [], "late": [], "dead_letter": []}
     queue = sorted(msgs, key=_arrival)
@@ -492,7 +496,7 @@ def join_outputs(msgs: list[Msg], env: Env) -> dict[str, list[dict[str, Any]]]:
             out["dead_letter"] += [_dead("undefined_join", m) for m in decision.rejected]
             fresh = [m for m in held if m not in decision.rejected]
             for m in overflow:
-                if m.time <= decision.deadline:
+                if m.time <= decision.decided_at:
                     out["dead_letter"].append(_dead("join_too_large", m))
                 else:
                     fresh.append(m)
@@ -507,7 +511,7 @@ def join_outputs(msgs: list[Msg], env: Env) -> dict[str, list[dict[str, Any]]]:
                     continue
                 if m in overflow and m.time <= decision.closed_at:
                     out["dead_letter"].append(_dead("join_too_large", m))
-                elif env.reopen_after_retention and m.time > expiry:
+                elif env.reopen_after_retention and m.time > max(expiry, decision.decided_at):
                     fresh.append(m)
                 else:
                     out["late"].append({
