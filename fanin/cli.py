@@ -75,13 +75,17 @@ def _add_run(subparsers: argparse._SubParsersAction) -> None:
     limits.add_argument("--max-bytes", type=int, default=256 * 1024,
                         help="largest message accepted, in bytes")
     limits.add_argument("--max-messages-per-join", type=int, default=100_000)
+    limits.add_argument("--max-bytes-per-join", type=int, default=16 * 1024 * 1024,
+                        help="most bytes of messages a join holds (default 16 MiB, under "
+                        "Dataflow's element and commit limits); further ones are dead letters")
     limits.add_argument("--window-s", type=float, default=60.0,
                         help="streaming: longest wait (processing time, whole seconds) "
                         "before pending outputs are written to a file")
     limits.add_argument("--shards", type=int, default=1,
                         help="files per output (bounded), per write (streaming)")
     run.add_argument("--log-closes", action="store_true",
-                     help="log one structured event per close (fanin.close logger)")
+                     help="log one structured event per close (fanin.close logger; also "
+                     "on Dataflow workers, one Cloud Logging entry per close)")
     run.add_argument(
         "--dry-run", metavar="FILE", default=None,
         help="build and check the job offline (pickling, deterministic key coders, option "
@@ -101,7 +105,9 @@ def _run(args: argparse.Namespace, beam_args: Sequence[str]) -> int:
             output=args.output, inputs=args.input, contracts_path=args.contracts,
             defaults=defaults, formats=tuple(args.format or ("jsonl",)), replay=args.replay,
             max_disorder_s=args.max_disorder_s, max_bytes=args.max_bytes,
-            max_messages_per_join=args.max_messages_per_join, window_s=args.window_s,
+            max_messages_per_join=args.max_messages_per_join,
+            max_bytes_per_join=args.max_bytes_per_join, log_closes=args.log_closes,
+            window_s=args.window_s,
             shards=args.shards, subscription=args.subscription, topic=args.topic,
             overwrite=args.overwrite, id_label=args.id_label,
             bigquery_dataset=args.bigquery_dataset, topics={

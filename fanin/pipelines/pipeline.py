@@ -30,7 +30,7 @@ from apache_beam.options.pipeline_options import (
 from fanin.contracts.catalog import Catalog, JoinDefaults, load_contracts
 from fanin.contracts.parsing import DEFAULT_MAX_BYTES
 from fanin.core.outcomes import CLOSES, DEAD_LETTER, LATE
-from fanin.transforms.join import JoinRecords
+from fanin.transforms.join import DEFAULT_MAX_BYTES_PER_JOIN, JoinRecords
 from fanin.transforms.parse import ParseMessages
 from fanin.transforms.read import ReadNumberedLines, expand_inputs, numbered_lines
 from fanin.transforms.replay import build_replay
@@ -59,6 +59,7 @@ class RunConfig:
     max_disorder_s: float = 0.0
     max_bytes: int = DEFAULT_MAX_BYTES
     max_messages_per_join: int = 100_000
+    max_bytes_per_join: int = DEFAULT_MAX_BYTES_PER_JOIN  # of messages (UTF-8)
     window_s: float = 60.0
     shards: int = 1
     subscription: str | None = None
@@ -68,6 +69,7 @@ class RunConfig:
     bigquery_dataset: str | None = None  # also write each output to <dataset>.<kind>
     # optional Pub/Sub topics the outputs are also published to (kind -> topic)
     topics: dict[str, str] = field(default_factory=dict)
+    log_closes: bool = False  # one fanin.close log line per close, also on workers
 
     def validate(self) -> None:
         if not self.output:
@@ -83,6 +85,9 @@ class RunConfig:
             raise ConfigError("--max-disorder-s must be >= 0")
         if self.max_bytes <= 0 or self.max_messages_per_join < 1:
             raise ConfigError("--max-bytes and --max-messages-per-join must be >= 1")
+        if self.max_bytes_per_join < self.max_bytes:
+            raise ConfigError("--max-bytes-per-join must be >= --max-bytes (a join must hold "
+                              "at least one message)")
         if self.window_s <= 0 or self.shards < 1:
             raise ConfigError("--window-s must be > 0 and --shards >= 1")
         if not self.formats or set(self.formats) - set(FORMATS):
@@ -136,7 +141,9 @@ def build(p: beam.Pipeline, config: RunConfig, catalog: Catalog) -> dict[str, be
                                          id_label=config.id_label)
     parsed = raw | "Parse" >> ParseMessages(frozenset(catalog.contracts), config.max_bytes)
     joined = parsed.records | "Join" >> JoinRecords(catalog, config.streaming,
-                                                    config.max_messages_per_join)
+                                                    config.max_messages_per_join,
+                                                    config.max_bytes_per_join,
+                                                    log_closes=config.log_closes)
     outputs = {CLOSES: joined[CLOSES], LATE: joined[LATE],
                DEAD_LETTER: (joined[DEAD_LETTER], parsed[DEAD_LETTER])
                | "MergeDeadLetters" >> beam.Flatten()}

@@ -47,12 +47,18 @@ from fanin.core.outcomes import (
 )
 from fanin.core.reducer import JoinReducer
 
-__all__ = ["JoinDoFn", "JoinRecords"]
+__all__ = ["DEFAULT_MAX_BYTES_PER_JOIN", "JoinDoFn", "JoinRecords"]
 
 _LOG = logging.getLogger(__name__)
 _UNDEFINED = ("no required branches from the open, its contract or the defaults by the "
               "deadline")
-_TOO_LARGE = "the join holds max_messages_per_join messages already"
+_TOO_LARGE = ("the join holds max_messages_per_join messages or max_bytes_per_join bytes of "
+              "messages already")
+# Dataflow refuses elements over ~80 MB and key commits over ~180 MB. A record in state takes
+# ~4x its message's bytes (text, parsed value, canonical JSON: measured 3.8-4.0x), and a close
+# carries its accepted values: 16 MiB of messages keeps a join's bag additions plus its close
+# under ~85 MiB in one commit even when all its messages arrive in one bundle.
+DEFAULT_MAX_BYTES_PER_JOIN = 16 * 1024 * 1024
 _MAX_TS_MS = GlobalWindow().max_timestamp().micros // 1000 - 1
 _NO_HORIZON = -(2**62)  # nothing is known to be complete before the first timer fires
 
@@ -64,7 +70,10 @@ _NO_HORIZON = -(2**62)  # nothing is known to be complete before the first timer
 # TOMB   after a close: [close reason, closed_at, D, D + retention], else None
 # FULL   once the bag holds max_messages_per_join records, the final decision over them:
 #        [closed_at, D, close reason] of a close, or [None, D, None] of an undefined join
-EPOCH, COUNT, HORIZON, WAKE, TOMB, FULL = range(6)
+# BYTES  UTF-8 bytes of the messages in the bag; max_bytes_per_join once a message did not fit
+#        (the bag is full: like COUNT at the message limit, it stays full)
+EPOCH, COUNT, HORIZON, WAKE, TOMB, FULL, BYTES = range(7)
+_META_DEFAULTS = (None, 0)  # FULL, BYTES of a META written by an earlier Fanin (see _read_meta)
 
 
 _PROGRESS_EVERY = 10_000
@@ -80,7 +89,11 @@ def _counter(name: str) -> Any:
 class _Counting(beam.DoFn):
     """A DoFn whose outputs are counted per bundle: ``_emit`` tallies them and the tally goes
     to the Beam counters ``closes.<reason>``, ``late.<reason>``, ``dead_letter.<error>`` once,
-    in ``finish_bundle`` (a counter update per element costs as much as folding a join)."""
+    in ``finish_bundle`` (a counter update per element costs as much as folding a join).
+    Closes are logged (``fanin.close``) only when ``_log_closes`` (``--log-closes``): workers
+    log at INFO, so the logger's level alone would log every close to Cloud Logging."""
+
+    _log_closes = False
 
     def start_bundle(self) -> None:
         self._tally: dict[tuple[str, str], int] = {}
@@ -98,13 +111,31 @@ class _Counting(beam.DoFn):
             tally[tag, reason] = tally.get((tag, reason), 0) + 1
             if tag == CLOSES:
                 _LATENCY.update(obj["latency_ms"])
-                log_close(obj)
+                if self._log_closes:
+                    log_close(obj)
                 _closed_here += 1
                 if _closed_here % _PROGRESS_EVERY == 0:
                     _LOG.info("fanin: %d joins closed by this worker", _closed_here)
                 yield obj
             else:
                 yield pvalue.TaggedOutput(tag, obj)
+
+
+def _message_bytes(record: R.Record) -> int:
+    """UTF-8 bytes of the record's message as received (what max_bytes_per_join counts)."""
+    raw = record[R.RAW]
+    return len(raw) if raw.isascii() else len(raw.encode("utf-8"))
+
+
+def _held(records: list[R.Record], max_messages: int, max_bytes: int) -> int:
+    """How many of ``records`` (in arrival order) the join holds: the longest prefix within
+    ``max_messages`` and ``max_bytes`` (the first record always fits)."""
+    total = 0
+    for i, record in enumerate(records[:max_messages]):
+        total += _message_bytes(record)
+        if total > max_bytes and i > 0:
+            return i
+    return min(len(records), max_messages)
 
 
 def _arrival_order(record: R.Record) -> tuple[Any, ...]:
@@ -115,13 +146,17 @@ def _arrival_order(record: R.Record) -> tuple[Any, ...]:
 class _CloseGroups(_Counting):
     """The bounded plan's close step: one join's grouped records -> its outputs."""
 
-    def __init__(self, catalog: Catalog, max_messages: int) -> None:
+    def __init__(self, catalog: Catalog, max_messages: int,
+                 max_bytes: int = DEFAULT_MAX_BYTES_PER_JOIN, log_closes: bool = False) -> None:
         self._catalog = catalog
         self._max_messages = max_messages
+        self._max_bytes = max_bytes
+        self._log_closes = log_closes
 
     def process(self, element: tuple[str, Iterable[R.Record]]) -> Iterator[Any]:
         """The per-join limit (docs/spec.md §4): a join holds its first ``max_messages``
-        records in arrival order (bounded input: event time, opens first, then the text).
+        records in arrival order (bounded input: event time, opens first, then the text), and
+        no more than ``max_bytes`` of messages (the first record that does not fit ends it).
         A record beyond it is late if the join closed before its event time, starts the next
         join if an undefined join was decided before it, else it is ``join_too_large``."""
         _, grouped = element
@@ -129,10 +164,13 @@ class _CloseGroups(_Counting):
         emit = self._emit
         while pending:
             overflow: list[R.Record] = []
-            if len(pending) > self._max_messages:
+            # UTF-8 takes at most 4 bytes a character: count bytes only when they may not fit
+            if len(pending) > self._max_messages or \
+                    4 * sum(len(r[R.RAW]) for r in pending) > self._max_bytes:
                 pending.sort(key=_arrival_order)
-                overflow = pending[self._max_messages:]
-                pending = pending[:self._max_messages]
+                held = _held(pending, self._max_messages, self._max_bytes)
+                overflow = pending[held:]
+                pending = pending[:held]
             outcome = decide(pending, self._catalog, None)
             if isinstance(outcome, Closed):
                 yield from emit(closed_outputs(outcome))
@@ -159,6 +197,14 @@ def _overflow_outputs(overflow: Iterable[R.Record], closed: Closed
             yield from rejected_outputs([record], "join_too_large", _TOO_LARGE)
 
 
+def _read_meta(meta: Any) -> list[Any] | None:
+    """META, with the slots an earlier Fanin did not write (after ``--update``) defaulted."""
+    value = meta.read()
+    if value is not None and len(value) <= BYTES:
+        value = [*value, *_META_DEFAULTS[len(value) - FULL:]]
+    return value
+
+
 class JoinDoFn(_Counting):
     """The streaming join: per ``join_id`` state in the global window, event-time timers.
 
@@ -175,7 +221,8 @@ class JoinDoFn(_Counting):
     - A join closes at most once while its tombstone lives (until the watermark passes
       ``D + retention_s``). Records for a tombstoned join go to ``late``.
     - Every record received ends in exactly one output: in a close's ``counts.messages``, in
-      ``late`` or in ``dead_letter`` (undefined joins, or beyond ``max_messages_per_join``:
+      ``late`` or in ``dead_letter`` (undefined joins, or beyond ``max_messages_per_join``
+      or ``max_bytes_per_join``:
       ``_overflow`` applies the same rule as the bounded plan, so a replay of input sorted by
       event time gives the bounded result).
     - The order-independent reducer over the received records is cached per worker (LRU,
@@ -188,9 +235,12 @@ class JoinDoFn(_Counting):
     DECIDE = userstate.TimerSpec("decide", TimeDomain.WATERMARK)
     EXPIRE = userstate.TimerSpec("expire", TimeDomain.WATERMARK)
 
-    def __init__(self, catalog: Catalog, max_messages: int, cache_size: int = 20_000) -> None:
+    def __init__(self, catalog: Catalog, max_messages: int, cache_size: int = 20_000,
+                 max_bytes: int = DEFAULT_MAX_BYTES_PER_JOIN, log_closes: bool = False) -> None:
         self._catalog = catalog
         self._max_messages = max_messages
+        self._max_bytes = max_bytes
+        self._log_closes = log_closes
         self._cache_size = cache_size
         self._cache: OrderedDict[str, tuple[int, int, JoinReducer]] = OrderedDict()
 
@@ -249,6 +299,7 @@ class JoinDoFn(_Counting):
         """
         epoch, count, horizon, wake = meta_value[EPOCH], meta_value[COUNT], \
             meta_value[HORIZON], meta_value[WAKE]
+        size = meta_value[BYTES]
         while records:
             outcome = decide(records, self._catalog, horizon)
             if isinstance(outcome, Closed):
@@ -257,7 +308,8 @@ class JoinDoFn(_Counting):
                 decide_timer.clear()
                 expiry = outcome.deadline + outcome.retention_ms
                 meta.write([epoch, 0, horizon, None,
-                            [outcome.reason, outcome.closed_at, outcome.deadline, expiry], None])
+                            [outcome.reason, outcome.closed_at, outcome.deadline, expiry], None,
+                            0])
                 self._set(expire_timer, expiry + 1)
                 yield from self._emit(closed_outputs(outcome))
                 return
@@ -267,6 +319,7 @@ class JoinDoFn(_Counting):
                 records = outcome.rest
                 self._cache.pop(join_id, None)
                 epoch, count = random.getrandbits(62), len(records)
+                size = sum(_message_bytes(r) for r in records)
                 msgs.clear()
                 for record in records:
                     msgs.add(record)
@@ -275,7 +328,7 @@ class JoinDoFn(_Counting):
                 target = outcome.wake_at if wake is None or wake <= horizon \
                     else min(wake, outcome.wake_at)
                 self._set(decide_timer, target + 1)
-                meta.write([epoch, count, horizon, target, None, None])
+                meta.write([epoch, count, horizon, target, None, None, size])
             return
         self._clear(msgs, meta, decide_timer, expire_timer)
 
@@ -307,6 +360,7 @@ class JoinDoFn(_Counting):
         elif closed_at is None and time > deadline:
             msgs.add(record)
             value[COUNT] += 1
+            value[BYTES] += _message_bytes(record)
             value[HORIZON] = max(value[HORIZON], deadline)
             value[FULL] = None
             yield from self._settle(join_id, list(msgs.read()), value, msgs, meta,
@@ -325,9 +379,9 @@ class JoinDoFn(_Counting):
         join became closable: ``_settle``); else the record waits in the bag with DECIDE set
         to the least of the pending wake time and the deadline."""
         join_id, record = element
-        value = meta.read()
+        value = _read_meta(meta)
         if value is None:
-            value = [random.getrandbits(62), 0, _NO_HORIZON, None, None, None]
+            value = [random.getrandbits(62), 0, _NO_HORIZON, None, None, None, 0]
         tomb = value[TOMB]
         if tomb is not None:
             close_reason, _, deadline, _ = tomb
@@ -335,7 +389,9 @@ class JoinDoFn(_Counting):
             yield from self._emit([(LATE, late)])
             return
         epoch, count, horizon, wake = value[EPOCH], value[COUNT], value[HORIZON], value[WAKE]
-        if count >= self._max_messages:
+        size = value[BYTES] + _message_bytes(record)
+        if count >= self._max_messages or (count and size > self._max_bytes):
+            value[BYTES] = max(value[BYTES], self._max_bytes)  # full: stays full
             yield from self._overflow(join_id, record, value, msgs, meta, decide_timer,
                                       expire_timer)
             return
@@ -353,8 +409,8 @@ class JoinDoFn(_Counting):
                 reducer, record, horizon, wake)):
             # _settle writes META (or clears the state) on every path
             yield from self._settle(join_id, records or list(msgs.read()),
-                                    [epoch, count + 1, horizon, wake, None, None], msgs, meta,
-                                    decide_timer, expire_timer)
+                                    [epoch, count + 1, horizon, wake, None, None, size], msgs,
+                                    meta, decide_timer, expire_timer)
             return
         deadline = reducer.deadline()
         if deadline is None:
@@ -362,7 +418,7 @@ class JoinDoFn(_Counting):
         target = deadline if wake is None or wake <= horizon else min(wake, deadline)
         if target != wake:
             self._set(decide_timer, target + 1)
-        meta.write([epoch, count + 1, horizon, target, None, None])  # one write per arrival
+        meta.write([epoch, count + 1, horizon, target, None, None, size])  # one write/arrival
 
     @userstate.on_timer(DECIDE)
     def on_decide(self, key: Any = beam.DoFn.KeyParam, fired: Any = beam.DoFn.TimestampParam,
@@ -373,7 +429,7 @@ class JoinDoFn(_Counting):
         """The watermark passed a pending decision time: every record before it is known, so
         the horizon moves there and the decision is asked again (``_settle``). Nothing to do
         for a closed join (its tombstone waits for EXPIRE) or a cleared one."""
-        value = meta.read()
+        value = _read_meta(meta)
         if value is None or value[TOMB] is not None:
             return
         value[HORIZON] = max(value[HORIZON], fired.micros // 1000 - 1)
@@ -395,24 +451,29 @@ class JoinDoFn(_Counting):
 class JoinRecords(beam.PTransform):
     """``(join_id, record)`` -> ``closes`` (main), ``late``, ``dead_letter`` outputs."""
 
-    def __init__(self, catalog: Catalog, streaming: bool, max_messages_per_join: int = 100_000
+    def __init__(self, catalog: Catalog, streaming: bool, max_messages_per_join: int = 100_000,
+                 max_bytes_per_join: int = DEFAULT_MAX_BYTES_PER_JOIN, log_closes: bool = False
                  ) -> None:
         super().__init__()
-        if max_messages_per_join < 1:
-            raise ValueError("max_messages_per_join must be >= 1")
+        if max_messages_per_join < 1 or max_bytes_per_join < 1:
+            raise ValueError("max_messages_per_join and max_bytes_per_join must be >= 1")
         self._catalog = catalog
         self._streaming = streaming
         self._max_messages = max_messages_per_join
+        self._max_bytes = max_bytes_per_join
+        self._log_closes = log_closes
 
     def expand(self, keyed: beam.PCollection) -> pvalue.DoOutputsTuple:
         if self._streaming:
             return keyed | "StatefulJoin" >> beam.ParDo(
-                JoinDoFn(self._catalog, self._max_messages)).with_input_types(
+                JoinDoFn(self._catalog, self._max_messages, max_bytes=self._max_bytes,
+                         log_closes=self._log_closes)).with_input_types(
                     tuple[str, tuple]).with_outputs(
                     LATE, DEAD_LETTER, main=CLOSES)
         return (
             keyed
             | "GroupByJoin" >> beam.GroupByKey()
-            | "Close" >> beam.ParDo(_CloseGroups(self._catalog, self._max_messages)).with_outputs(
+            | "Close" >> beam.ParDo(_CloseGroups(self._catalog, self._max_messages,
+                                                 self._max_bytes, self._log_closes)).with_outputs(
                 LATE, DEAD_LETTER, main=CLOSES)
         )
