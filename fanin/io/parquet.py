@@ -2,7 +2,8 @@
 
 Guarantees: each file appears atomically (written under a temporary name, then renamed);
 rows keep their input order; a malformed object raises ``ValueError`` before anything is
-written.
+written. Paths are built with Beam's ``FileSystems.join``, so a remote folder (``gs://...``)
+stays remote (``pathlib`` would make ``gs://b`` the local path ``gs:/b``).
 """
 
 from __future__ import annotations
@@ -10,11 +11,11 @@ from __future__ import annotations
 import os
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from apache_beam.io.filesystems import FileSystems
 
 from fanin.contracts.tables import schema, to_row
 from fanin.contracts.timefmt import format_ms
@@ -30,19 +31,26 @@ def write_parquet(
 
     ``closes`` go to ``out_dir/close_date=YYYY-MM-DD/<basename>.parquet`` (one file per UTC date
     of ``closed_at``, rows in input order), the others to ``out_dir/<basename>.parquet``. Returns
-    the sorted paths written; no objects -> no file. Each file appears atomically. Local paths
-    only. Raises ``ValueError`` (before writing anything) if an object is malformed.
+    the sorted paths written; no objects -> no file. Each file appears atomically. Any Beam
+    filesystem. Raises ``ValueError`` (before writing anything) if an object is malformed.
     """
     if not basename or "/" in basename or basename.startswith((".", "_")):
         raise ValueError(f"basename must be a plain, visible file name: {basename!r}")
-    groups: dict[Path, list[dict[str, Any]]] = defaultdict(list)
+    folder, name = os.fspath(out_dir), f"{basename}.parquet"
+    groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for obj in objs:
         row = to_row(kind, obj)
-        folder = Path(out_dir)
         if kind == "closes":
-            folder = folder / f"close_date={format_ms(row['closed_at'])[:10]}"
-        groups[folder / f"{basename}.parquet"].append(row)
+            path = FileSystems.join(folder, f"close_date={format_ms(row['closed_at'])[:10]}", name)
+        else:
+            path = FileSystems.join(folder, name)
+        groups[path].append(row)
     for path, group in groups.items():
-        table = pa.Table.from_pylist(group, schema=schema(kind))
-        atomic_write(path, lambda fh, t=table: pq.write_table(t, fh, compression="zstd"))
-    return sorted(str(p) for p in groups)
+        # encoded in memory, then one write: a remote filesystem's upload stream need only
+        # support write()
+        buffer = pa.BufferOutputStream()
+        pq.write_table(pa.Table.from_pylist(group, schema=schema(kind)), buffer,
+                       compression="zstd")
+        data = buffer.getvalue()
+        atomic_write(path, lambda fh, d=data: fh.write(d))
+    return sorted(groups)

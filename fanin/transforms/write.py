@@ -34,6 +34,7 @@ from typing import Any
 
 import apache_beam as beam
 import orjson
+from apache_beam.io.filesystem import BeamIOError
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.transforms import trigger, window
 from apache_beam.transforms.window import GlobalWindows
@@ -120,7 +121,14 @@ class _SpillBundles(beam.DoFn):
 
 class _Finalize(beam.DoFn):
     """Bounded, second phase: one shard's temporary files -> its output file set; then every
-    temporary file of the run for that shard (failed bundle attempts' too) is deleted."""
+    temporary file of the run for that shard (failed bundle attempts' too) is deleted.
+
+    Safe to retry, as Beam's file sinks' finalize is: the temporary files are deleted only
+    after the shard's output files are complete, so a retry that finds one of them gone
+    (a partial success: renamed, or cleanup begun) counts the shard as written and only
+    finishes the cleanup. It fails loudly if the output file it would have renamed into place
+    is missing too.
+    """
 
     def __init__(self, folder: str, kind: str, formats: Sequence[str], token: str) -> None:
         self._folder, self._kind, self._formats = folder, kind, tuple(formats)
@@ -130,7 +138,9 @@ class _Finalize(beam.DoFn):
         shard, spilled = element
         paths = sorted(spilled)
         base = _base_name(self._kind, 0, shard)
-        if len(paths) == 1 and self._formats == ("jsonl",):  # already sorted and complete
+        if not all(FileSystems.exists(path) for path in paths):
+            yield from self._written_earlier(base)
+        elif len(paths) == 1 and self._formats == ("jsonl",):  # already sorted and complete
             final = FileSystems.join(self._folder, base + ".jsonl")
             atomic_move(paths[0], final)
             yield final
@@ -145,9 +155,32 @@ class _Finalize(beam.DoFn):
             yield from _write_shard(self._folder, self._kind, self._formats, base, ordered)
         pattern = FileSystems.join(self._folder,
                                    _temp_prefix(self._kind, self._token, shard) + "*")
-        leftovers = [m.path for r in FileSystems.match([pattern]) for m in r.metadata_list]
-        if leftovers:
-            FileSystems.delete(leftovers)
+        _delete_all([m.path for r in FileSystems.match([pattern]) for m in r.metadata_list])
+
+    def _written_earlier(self, base: str) -> list[str]:
+        """A retry after a partial success: the shard's output files, which must exist."""
+        patterns = [FileSystems.join(self._folder, "close_date=*", f"{base}.parquet")
+                    if fmt == "parquet" and self._kind == "closes"  # one file per close date
+                    else FileSystems.join(self._folder, f"{base}.{fmt}")
+                    for fmt in FORMATS if fmt in self._formats]  # as _write_shard lists them
+        found = [path for r in FileSystems.match(patterns)
+                 for path in sorted(m.path for m in r.metadata_list)]
+        if not found:
+            raise FileNotFoundError(f"{self._folder}: temporary files of {base} are gone but "
+                                    "its output files are not there")
+        return found
+
+
+def _delete_all(paths: list[str]) -> None:
+    """Delete ``paths``; a file already gone (deleted by a concurrent or earlier attempt of
+    the same step) is not an error."""
+    if not paths:
+        return
+    try:
+        FileSystems.delete(paths)
+    except BeamIOError:
+        if any(FileSystems.exists(path) for path in paths):
+            raise
 
 
 def _temp_prefix(kind: str, token: str, shard: int) -> str:
