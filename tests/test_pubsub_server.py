@@ -1,21 +1,16 @@
-"""The in-memory Pub/Sub server with the real google-cloud-pubsub clients, and publish_file."""
+"""The in-memory Pub/Sub server with the real google-cloud-pubsub clients (``fanin publish``
+is tested against the emulator in tests/fleet/test_publish_cli.py)."""
 
 from __future__ import annotations
 
-import argparse
-import json
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from google.api_core import exceptions
 from google.cloud import pubsub_v1
 from support.pubsub_server import PubSubServer, pubsub_server_fixture
-
-from fanin.io.cli import add_subcommand
-from fanin.io.pubsub import PublishFailure, PublishSummary, publish_file
 
 TOPIC = "projects/fanin-test/topics/receipts"
 SUB = "projects/fanin-test/subscriptions/receipts"
@@ -149,83 +144,3 @@ def test_streaming_pull_subscribe_receives_and_acks(
         stream.cancel()
         stream.result(timeout=30)
     assert sorted(got) == [f"s{i}".encode() for i in range(5)]
-
-
-def _write(path: Path, lines: list[bytes]) -> str:
-    path.write_bytes(b"\n".join(lines) + b"\n")
-    return str(path)
-
-
-LINES = [
-    json.dumps({"join_id": "j", "kind": "open", "opened_at": "2026-01-01T00:00:00Z"}).encode(),
-    b"",
-    json.dumps(
-        {
-            "join_id": "j",
-            "branch": "a",
-            "status": "ok",
-            "event_time": "2026-01-01T00:00:01Z",
-            "opened_at": "2025-12-31T23:59:59Z",
-            "message_id": "m-1",
-        }
-    ).encode(),
-    b"   ",
-    b"not json \xff",
-]
-
-
-def test_publish_file_publishes_every_non_empty_line(pubsub: PubSubServer, tmp_path: Path) -> None:
-    pubsub.create_topic(TOPIC)
-    seen: list[tuple[int, int]] = []
-    summary = publish_file(
-        TOPIC, _write(tmp_path / "in.jsonl", LINES), lambda s, f: seen.append((s, f))
-    )
-
-    assert summary == PublishSummary(sent=3, failed=0)
-    assert seen == [(1, 0), (2, 0), (3, 0)]
-    messages = pubsub.published(TOPIC)
-    assert [m.data for m in messages] == [LINES[0], LINES[2], LINES[4]]
-    assert [dict(m.attributes) for m in messages] == [
-        {"event_time": "2026-01-01T00:00:00Z"},
-        {"event_time": "2026-01-01T00:00:01Z", "message_id": "m-1"},
-        {},
-    ]
-
-
-def test_publish_file_counts_and_reports_failures(pubsub: PubSubServer, tmp_path: Path) -> None:
-    summary = publish_file(TOPIC, _write(tmp_path / "in.jsonl", LINES))  # topic does not exist
-    assert (summary.sent, summary.failed) == (0, 3)
-    assert [f.line for f in summary.errors] == [1, 3, 5]
-    assert all(isinstance(f, PublishFailure) and "NotFound" in f.error for f in summary.errors)
-    with pytest.raises(ValueError, match="malformed topic"):
-        publish_file("topics/x", str(tmp_path / "in.jsonl"))
-
-
-def _cli(*argv: str) -> int:
-    parser = argparse.ArgumentParser(prog="fanin")
-    add_subcommand(parser.add_subparsers(required=True))
-    args = parser.parse_args(list(argv))
-    return args.func(args)
-
-
-def test_cli_publish_exit_codes(
-    pubsub: PubSubServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    path = _write(tmp_path / "in.jsonl", LINES)
-    pubsub.create_topic(TOPIC)
-    assert _cli("publish", "--topic", TOPIC, "--progress-every", "2", path) == 0
-    out, err = capsys.readouterr()
-    assert out.splitlines() == ["sent=3 failed=0"]
-    assert err.splitlines() == ["published 2 (failed 0)"]
-
-    assert _cli("publish", "--topic", "projects/fanin-test/topics/absent", path) == 1
-    out, err = capsys.readouterr()
-    assert out.splitlines() == ["sent=0 failed=3"]
-    assert err.startswith("line 1: NotFound")
-
-    assert _cli("publish", "--topic", "not/a/topic", path) == 2
-    assert len(capsys.readouterr().err.splitlines()) == 1
-    assert _cli("publish", "--topic", TOPIC, str(tmp_path / "missing.jsonl")) == 2
-    assert capsys.readouterr().err.splitlines() == [
-        f"fanin publish: no such file: {tmp_path / 'missing.jsonl'}"
-    ]

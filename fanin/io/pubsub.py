@@ -2,8 +2,7 @@
 
 - ``ReadMessages``: a streaming source of ``(data, source)`` pairs, one per Pub/Sub message.
 - ``PublishJson``: a sink that publishes dicts (closes, late records...) as compact JSON.
-- ``publish_file``: publishes every non-empty line of a newline-delimited file, counting
-  failures; the ``fanin publish`` subcommand (``fanin.io.cli``) wraps it.
+- The file publisher of ``fanin publish`` is ``fanin.io.publish``.
 
 Element timestamps. ``ReadMessages`` does not hand ``timestamp_attribute`` to
 ``ReadFromPubSub``: on Beam 2.77's local runner a message whose attribute is neither epoch
@@ -26,9 +25,7 @@ import calendar
 import datetime
 import json
 import re
-from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import apache_beam as beam
@@ -45,19 +42,12 @@ from apache_beam.utils.timestamp import Timestamp
 from fanin.contracts.timefmt import MAX_MS, MIN_MS, format_ms, parse_rfc3339
 
 __all__ = [
-    "PublishFailure",
     "PublishJson",
-    "PublishSummary",
     "ReadMessages",
     "parse_event_time_ms",
-    "publish_file",
     "validate_topic_path",
 ]
 
-# Pub/Sub attribute values are limited to 1024 bytes.
-_MAX_ATTRIBUTE_BYTES = 1024
-# publish_file keeps at most this many unresolved publish futures (bounded memory).
-_MAX_PENDING = 1000
 _EPOCH_MILLIS = re.compile(r"-?\d{1,18}\Z")
 # Project ids as Beam's parse_topic accepts them; topic names as Pub/Sub documents them.
 _TOPIC_PATH = re.compile(
@@ -253,109 +243,3 @@ class PublishJson(beam.PTransform):
             >> beam.Map(_to_pubsub_message, attributes_fn).with_output_types(PubsubMessage)
             | "WriteToPubSub" >> WriteToPubSub(self._topic, with_attributes=True)
         )
-
-
-@dataclass(frozen=True)
-class PublishFailure:
-    """One line that could not be published: its 1-based line number and the error text."""
-
-    line: int
-    error: str
-
-
-@dataclass(frozen=True)
-class PublishSummary:
-    """Outcome of ``publish_file``: every non-empty line is counted in ``sent`` or ``failed``."""
-
-    sent: int
-    failed: int
-    errors: tuple[PublishFailure, ...] = ()
-
-
-def _line_attributes(line: bytes) -> dict[str, str]:
-    """``event_time`` (the open's ``opened_at``, a receipt's ``event_time``) and ``message_id``."""
-    try:
-        obj = json.loads(line)
-    except (ValueError, RecursionError):
-        return {}
-    if not isinstance(obj, dict):
-        return {}
-    names = (
-        ("opened_at", "event_time") if obj.get("kind") == "open" else ("event_time", "opened_at")
-    )
-    candidates = {
-        "event_time": next((obj[n] for n in names if isinstance(obj.get(n), str)), None),
-        "message_id": obj.get("message_id"),
-    }
-    attributes = {}
-    for key, value in candidates.items():
-        try:
-            fits = isinstance(value, str) and 0 < len(value.encode("utf-8")) <= _MAX_ATTRIBUTE_BYTES
-        except UnicodeEncodeError:  # a lone surrogate from a JSON escape
-            fits = False
-        if fits:
-            attributes[key] = value
-    return attributes
-
-
-def publish_file(
-    topic: str,
-    path: str,
-    progress: Callable[[int, int], None] | None = None,
-) -> PublishSummary:
-    """Publish every non-empty line of ``path`` to ``topic`` and wait until each is settled.
-
-    Each line (bytes, without its line ending; lines that are empty or only whitespace are
-    skipped) becomes one message's data, unchanged, so invalid lines still reach the pipeline's
-    dead-letter output. Attributes: ``event_time`` from the line's ``event_time`` (for
-    ``"kind": "open"``, its ``opened_at``), falling back to the other field, when the line is a
-    JSON object with such a string field; ``message_id`` when it has a string one. Attribute
-    values over Pub/Sub's 1024-byte limit are left out rather than failing the message.
-
-    Uses ``google.cloud.pubsub_v1.PublisherClient`` (which honours ``PUBSUB_EMULATOR_HOST``)
-    with at most 1000 unsettled messages at a time. ``progress(sent, failed)``, if given, is
-    called in the caller's thread after each message settles. Publishing errors never raise:
-    each failed line is counted and listed in ``errors`` with its line number. A malformed topic
-    path raises ``ValueError`` and a missing file ``OSError`` before anything is published.
-    """
-    from google.cloud import pubsub_v1
-
-    validate_topic_path(topic)
-    sent = 0
-    errors: list[PublishFailure] = []
-    pending: deque[tuple[int, Any]] = deque()
-
-    def settled(line_no: int, error: Exception | None) -> None:
-        nonlocal sent
-        if error is None:
-            sent += 1
-        else:
-            errors.append(PublishFailure(line_no, f"{type(error).__name__}: {error}"))
-        if progress is not None:
-            progress(sent, len(errors))
-
-    def settle_oldest() -> None:
-        line_no, future = pending.popleft()
-        settled(line_no, future.exception())
-
-    with open(path, "rb") as lines:
-        client = pubsub_v1.PublisherClient()
-        try:
-            for line_no, raw in enumerate(lines, start=1):
-                line = raw.rstrip(b"\r\n")
-                if not line.strip():
-                    continue
-                try:
-                    future = client.publish(topic, line, **_line_attributes(line))
-                except Exception as exc:  # refused before sending, e.g. over the size limit
-                    settled(line_no, exc)
-                    continue
-                pending.append((line_no, future))
-                if len(pending) > _MAX_PENDING:
-                    settle_oldest()
-            while pending:
-                settle_oldest()
-        finally:
-            client.stop()
-            client.transport.close()
-    return PublishSummary(sent, len(errors), tuple(errors))

@@ -7,19 +7,21 @@ Guarantees:
   order (``n`` 1-based); the compact source becomes ``{"kind": "file", "file": path,
   "line": n}`` in a dead letter (``contracts.parsing.source_object``). The trailing ``\\n``
   (and a ``\\r`` before it) is removed; a line that is then empty is not a message and is
-  skipped (NDJSON allows blank separators); every other line is yielded, valid or not.
+  skipped (NDJSON allows blank separators); every other line is yielded, valid or not. The
+  rule is ``message_lines``, which ``fanin publish`` applies too, so a file means the same
+  messages read directly or through Pub/Sub.
 - ``ReadNumberedLines`` is the Beam composite for bounded runs.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
-__all__ = ["ReadNumberedLines", "expand_inputs", "numbered_lines"]
+__all__ = ["ReadNumberedLines", "expand_inputs", "message_lines", "numbered_lines"]
 
 Source = tuple[str, int]
 
@@ -42,19 +44,28 @@ def expand_inputs(patterns: Sequence[str]) -> list[str]:
 _BOM = b"\xef\xbb\xbf"
 
 
-def numbered_lines(path: str) -> Iterator[tuple[bytes, Source]]:
-    """The non-empty lines of a file with their numbers (from 1), without line endings; a
-    UTF-8 byte order mark at the start of the file is not part of its first line."""
-    with FileSystems.open(path) as handle:
-        for number, line in enumerate(handle, start=1):
-            if number == 1 and line.startswith(_BOM):
-                line = line[len(_BOM):]
-            if line.endswith(b"\n"):
+def message_lines(handle: Iterable[bytes]) -> Iterator[tuple[bytes, int]]:
+    """``(line, number)`` of every message of a newline-delimited byte stream: the one rule of
+    ``fanin run --input`` and ``fanin publish``. Numbers count every line from 1; the line ending
+    (``\\n`` or ``\\r\\n``) is removed, as is a UTF-8 byte order mark at the start of the
+    stream; a line that is then empty is not a message; any other line (whitespace only
+    included) is one, valid or not."""
+    for number, line in enumerate(handle, start=1):
+        if number == 1 and line.startswith(_BOM):
+            line = line[len(_BOM):]
+        if line.endswith(b"\n"):
+            line = line[:-1]
+            if line.endswith(b"\r"):
                 line = line[:-1]
-                if line.endswith(b"\r"):
-                    line = line[:-1]
-            if line:
-                yield line, (path, number)
+        if line:
+            yield line, number
+
+
+def numbered_lines(path: str) -> Iterator[tuple[bytes, Source]]:
+    """The messages of a file (``message_lines``) with their source ``(path, number)``."""
+    with FileSystems.open(path) as handle:
+        for line, number in message_lines(handle):
+            yield line, (path, number)
 
 
 class ReadNumberedLines(beam.PTransform):

@@ -1,0 +1,124 @@
+"""Issue 20, item 9: ``fanin publish`` against Google's Pub/Sub emulator (real client): the line
+rule of ``fanin run --input``, failures by kind, waiting for a service that is down, Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from support.child_env import same_code_env
+from support.emulator import PubSubEmulator, wait_for
+
+from fanin.cli import main as fanin_main
+from fanin.transforms.read import numbered_lines
+
+FANIN = [sys.executable, "-c", "import sys; from fanin.cli import main; sys.exit(main())"]
+
+OPEN = json.dumps({"join_id": "j", "kind": "open", "opened_at": "2026-01-01T00:00:00Z",
+                   "required": ["a"]}).encode()
+RECEIPT = json.dumps({"join_id": "j", "branch": "a", "status": "ok",
+                      "event_time": "2026-01-01T00:00:01Z", "opened_at": "2025-12-31T23:59:59Z",
+                      "message_id": "m-1"}).encode()
+# a byte order mark, CRLF, an empty line, a whitespace-only line, a line that is not UTF-8
+CONTENT = b"\xef\xbb\xbf" + OPEN + b"\r\n\n" + RECEIPT + b"\n   \n\t\r\nnot json \xff\n"
+
+
+def fanin(*argv: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*FANIN, *argv], capture_output=True, text=True, timeout=timeout_s,
+                          env=same_code_env())
+
+
+def receipts_file(path: Path, count: int) -> Path:
+    path.write_text("".join(
+        json.dumps({"join_id": f"j{i // 5}", "branch": f"b{i % 5}", "status": "ok",
+                    "event_time": "2026-01-01T00:00:01Z", "value": i}) + "\n"
+        for i in range(count)), encoding="utf-8")
+    return path
+
+
+def test_publish_sends_exactly_the_messages_fanin_run_reads(
+        pubsub_emulator: PubSubEmulator, tmp_path: Path) -> None:
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(CONTENT)
+    topic, subscription = pubsub_emulator.topic_and_subscription("lines")
+    done = fanin("publish", "--topic", topic, "--progress-every", "2", str(path))
+    assert (done.returncode, done.stdout) == (0, "sent=5 failed=0\n"), done.stderr
+    assert done.stderr.splitlines() == ["published 2 (failed 0)", "published 4 (failed 0)"]
+    expected = [line for line, _ in numbered_lines(str(path))]  # fanin run --input's messages
+    assert expected == [OPEN, RECEIPT, b"   ", b"\t", b"not json \xff"]
+    got = pubsub_emulator.collect(subscription, lambda msgs: len(msgs) >= 5, 30)
+    assert sorted(m.data for m in got) == sorted(expected)
+    attributes = {m.data: dict(m.attributes) for m in got}
+    assert attributes[OPEN] == {"event_time": "2026-01-01T00:00:00Z"}
+    assert attributes[RECEIPT] == {"event_time": "2026-01-01T00:00:01Z", "message_id": "m-1"}
+    # ...and fanin run --input dead-letters the same whitespace-only lines
+    out = tmp_path / "out"
+    assert fanin_main(["run", "--input", str(path), "--output", str(out)]) == 0
+    dead = [json.loads(line) for f in (out / "dead_letter").glob("*.jsonl")
+            for line in f.read_text().splitlines()]
+    assert sorted(d["raw"] for d in dead if d["error"] == "invalid_json") == ["\t", "   "]
+
+
+def test_a_missing_topic_is_one_line_per_kind_of_failure(
+        pubsub_emulator: PubSubEmulator, tmp_path: Path) -> None:
+    path = receipts_file(tmp_path / "in.jsonl", 5000)
+    missing = f"projects/{pubsub_emulator.project}/topics/never-created"
+    done = fanin("publish", "--topic", missing, "--progress-every", "0", str(path))
+    assert (done.returncode, done.stdout) == (1, "sent=0 failed=5000\n")
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("failed: 5000 x NotFound: 404 ") and line.endswith("(lines 1-5000)")
+
+
+def test_with_the_emulator_down_it_says_it_waits_and_gives_up(
+        pubsub_emulator: PubSubEmulator, tmp_path: Path) -> None:
+    path = receipts_file(tmp_path / "in.jsonl", 3000)
+    topic = pubsub_emulator.topic("down")
+    pubsub_emulator.stop()
+    try:
+        done = fanin("publish", "--topic", topic, "--timeout", "4", str(path), timeout_s=60)
+    finally:
+        pubsub_emulator.restart()
+    assert (done.returncode, done.stdout) == (1, "sent=0 failed=3000\n"), done.stderr
+    lines = done.stderr.splitlines()
+    assert lines[0].startswith(f"fanin publish: waiting for the Pub/Sub emulator at "
+                               f"{pubsub_emulator.host} (PUBSUB_EMULATOR_HOST): nothing "
+                               "confirmed for ")
+    assert lines[0].endswith("giving up after 4 s (--timeout)")
+    assert lines[1:] == [  # MAX_IN_FLIGHT messages handed to the client, the rest never sent
+        "failed: 2000 x not sent: no confirmation from Pub/Sub for 4 s (gave up) "
+        "(lines 1001-3000)",
+        "failed: 1000 x not confirmed: no confirmation from Pub/Sub for 4 s (gave up); it may "
+        "still arrive (lines 1-1000)"]
+    assert "Traceback" not in done.stderr
+
+
+def test_ctrl_c_prints_the_counts_and_exits_130(pubsub_emulator: PubSubEmulator,
+                                                 tmp_path: Path) -> None:
+    path = receipts_file(tmp_path / "in.jsonl", 200_000)
+    topic, subscription = pubsub_emulator.topic_and_subscription("ctrlc", ack_deadline_s=60)
+    child = subprocess.Popen([*FANIN, "publish", "--topic", topic, "--progress-every", "1000",
+                              str(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, env=same_code_env())
+    err: list[str] = []
+    reader = threading.Thread(target=lambda: err.extend(child.stderr), daemon=True)
+    reader.start()
+    try:
+        assert wait_for(lambda: any(line.startswith("published") for line in err), 60), err
+        child.send_signal(signal.SIGINT)
+        out, _ = child.communicate(timeout=60)
+    finally:
+        if child.poll() is None:
+            child.kill()
+    reader.join(10)
+    assert child.returncode == 130, err
+    assert "Traceback" not in "".join(err)
+    sent, failed = (int(part.split("=")[1]) for part in out.split())
+    assert out == f"sent={sent} failed={failed}\n" and failed == 0
+    assert 1000 <= sent < 200_000
+    got = pubsub_emulator.collect(subscription, lambda msgs: len(msgs) >= sent, 60)
+    assert len({m.data for m in got}) == sent  # what arrived is exactly what it counted
+    assert pubsub_emulator.pull(subscription) == []
