@@ -33,8 +33,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import IO, Any
 
+from fanin.contracts.lines import message_lines
 from fanin.io.pubsub import validate_topic_path
-from fanin.transforms.read import message_lines
 
 __all__ = ["MAX_IN_FLIGHT", "MAX_KINDS", "NOTICE_S", "FailureKind", "PublishSummary",
            "publish_file"]

@@ -16,12 +16,14 @@ Guarantees:
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
-__all__ = ["ReadNumberedLines", "expand_inputs", "message_lines", "numbered_lines"]
+from fanin.contracts.lines import message_lines
+
+__all__ = ["ReadNumberedLines", "expand_inputs", "numbered_lines"]
 
 Source = tuple[str, int]
 
@@ -39,26 +41,6 @@ def expand_inputs(patterns: Sequence[str]) -> list[str]:
             raise FileNotFoundError(f"input matches no file: {pattern}")
         paths.extend(sorted(matched))
     return list(dict.fromkeys(paths))
-
-
-_BOM = b"\xef\xbb\xbf"
-
-
-def message_lines(handle: Iterable[bytes]) -> Iterator[tuple[bytes, int]]:
-    """``(line, number)`` of every message of a newline-delimited byte stream: the one rule of
-    ``fanin run --input`` and ``fanin publish``. Numbers count every line from 1; the line ending
-    (``\\n`` or ``\\r\\n``) is removed, as is a UTF-8 byte order mark at the start of the
-    stream; a line that is then empty is not a message; any other line (whitespace only
-    included) is one, valid or not."""
-    for number, line in enumerate(handle, start=1):
-        if number == 1 and line.startswith(_BOM):
-            line = line[len(_BOM):]
-        if line.endswith(b"\n"):
-            line = line[:-1]
-            if line.endswith(b"\r"):
-                line = line[:-1]
-        if line:
-            yield line, number
 
 
 def numbered_lines(path: str) -> Iterator[tuple[bytes, Source]]:

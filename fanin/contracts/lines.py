@@ -1,0 +1,31 @@
+"""The framing of newline-delimited JSON input: which lines of a byte stream are messages.
+
+One rule for ``fanin run --input`` (``fanin.transforms.read``) and ``fanin publish``
+(``fanin.io.publish``), so a file means the same messages read directly or through Pub/Sub
+(docs/spec.md §1, "Lines"). Standard library only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+__all__ = ["message_lines"]
+
+_BOM = b"\xef\xbb\xbf"
+
+
+def message_lines(handle: Iterable[bytes]) -> Iterator[tuple[bytes, int]]:
+    """``(line, number)`` of every message of a newline-delimited byte stream: the one rule of
+    ``fanin run --input`` and ``fanin publish``. Numbers count every line from 1; the line ending
+    (``\\n`` or ``\\r\\n``) is removed, as is a UTF-8 byte order mark at the start of the
+    stream; a line that is then empty is not a message; any other line (whitespace only
+    included) is one, valid or not."""
+    for number, line in enumerate(handle, start=1):
+        if number == 1 and line.startswith(_BOM):
+            line = line[len(_BOM):]
+        if line.endswith(b"\n"):
+            line = line[:-1]
+            if line.endswith(b"\r"):
+                line = line[:-1]
+        if line:
+            yield line, number
