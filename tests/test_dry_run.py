@@ -67,8 +67,10 @@ def test_dataflow_streaming_dry_run_checks_the_stateful_join(tmp_path: Path) -> 
     assert report.streaming
     stateful = "Join/StatefulJoin/ParDo(JoinDoFn)"
     assert f"{stateful}: StrUtf8Coder" in report.key_coders
-    assert {f"{stateful} state=msgs", f"{stateful} state=meta", f"{stateful} timer=ts-decide",
-            f"{stateful} timer=ts-expire"} <= set(report.transform_names)
+    assert {f"{stateful} key=StrUtf8Coder", f"{stateful} state=msgs bag FastPrimitivesCoder",
+            f"{stateful} state=meta read_modify_write FastPrimitivesCoder",
+            f"{stateful} timer=ts-decide EVENT_TIME", f"{stateful} timer=ts-expire EVENT_TIME",
+            } <= set(report.transform_names)
     job = json.loads((tmp_path / "g.json").read_text())["dataflow_job"]
     assert job["type"] == "JOB_TYPE_STREAMING"
     assert "streaming_mode_at_least_once" in job["environment"]["serviceOptions"]

@@ -1,5 +1,8 @@
 """The job's stable transform names (what a Dataflow update matches) do not change by accident.
 
+Besides the names, the stateful join's key coder, state ids (with their kind and coder) and
+timer ids (with their time domain) are listed: changing any of them breaks an update too.
+
 After an intentional rename, regenerate the committed list with
 
     FANIN_UPDATE_TRANSFORM_NAMES=1 .venv/bin/pytest tests/test_transform_names.py
@@ -26,20 +29,26 @@ HEADER = ("# Stable transform names of the Fanin job: '<mode> <name>' per line (
 
 
 def _names(mode: str) -> list[str]:
+    """``mode``: ``bounded``, ``streaming``, or ``streaming+sinks`` (BigQuery and output topics
+    as well, whose transforms are matched by an update too)."""
     examples = ROOT / "fanin" / "examples"
-    source = ({"subscription": "projects/fanin-names/subscriptions/in"} if mode == "streaming"
+    streaming = mode.startswith("streaming")
+    source = ({"subscription": "projects/fanin-names/subscriptions/in"} if streaming
               else {"inputs": [str(examples / "triage.jsonl")]})
+    sinks = {"bigquery_dataset": "fanin-names:fanin", "topics": {
+        kind: f"projects/fanin-names/topics/{kind}" for kind in ("closes", "late",
+                                                                 "dead_letter")}}
     config = RunConfig(output="gs://fanin-names/out", contracts_path=str(examples /
-                       "contracts.yaml"), **source)
+                       "contracts.yaml"), **source, **(sinks if mode.endswith("sinks") else {}))
     p = beam.Pipeline(options=PipelineOptions(
-        ["--runner=BundleBasedDirectRunner", "--streaming"] if mode == "streaming"
+        ["--runner=BundleBasedDirectRunner", "--streaming"] if streaming
         else ["--runner=FnApiRunner"]))
     build(p, config, catalog_for(config))
     return [f"{mode} {name}" for name in stable_names(p.to_runner_api())]
 
 
 def test_transform_names_match_the_committed_list() -> None:
-    current = _names("bounded") + _names("streaming")
+    current = _names("bounded") + _names("streaming") + _names("streaming+sinks")
     if os.environ.get("FANIN_UPDATE_TRANSFORM_NAMES"):
         COMMITTED.write_text(HEADER + "".join(f"{line}\n" for line in current),
                              encoding="utf-8")

@@ -46,6 +46,7 @@ from apache_beam.options.pipeline_options import (
 from apache_beam.pipeline import AppliedPTransform, PipelineVisitor
 from apache_beam.portability import common_urns
 from apache_beam.portability.api import beam_runner_api_pb2
+from apache_beam.runners import pipeline_context
 from apache_beam.transforms import userstate
 from google.protobuf import json_format
 
@@ -94,13 +95,22 @@ class DryRunReport:
                 + [f"problem: {p}" for p in self.problems])
 
 
+def _coder_name(context: pipeline_context.PipelineContext, coder_id: str) -> str:
+    return type(context.coders.get_by_id(coder_id)).__name__
+
+
 def stable_names(proto: beam_runner_api_pb2.Pipeline) -> list[str]:
     """The names a Dataflow update matches, from a runner API proto, sorted.
 
     The top-level transforms' unique names; every stateful ``ParDo``'s unique name and those of
-    its enclosing composites; and ``"<pardo> state=<id>"`` / ``"<pardo> timer=<id>"`` for its
-    state and timer ids. Renaming any of them breaks update compatibility.
+    its enclosing composites; for each stateful ``ParDo`` its key coder
+    (``"<pardo> key=<coder class>"``), its state ids with their kind and coder
+    (``"<pardo> state=<id> <bag|read_modify_write|...> <coder class>"``) and its timer ids with
+    their time domain (``"<pardo> timer=<id> <EVENT_TIME|PROCESSING_TIME>"``). Renaming any of
+    them, or changing a coder, breaks update compatibility or the state a job carries over.
     """
+    context = pipeline_context.PipelineContext(proto.components)
+    domains = beam_runner_api_pb2.TimeDomain.Enum
     transforms = proto.components.transforms
     parents = {child: tid for tid, t in transforms.items() for child in t.subtransforms}
     names = {transforms[child].unique_name
@@ -111,9 +121,21 @@ def stable_names(proto: beam_runner_api_pb2.Pipeline) -> list[str]:
         payload = beam_runner_api_pb2.ParDoPayload.FromString(transform.spec.payload)
         if not (payload.state_specs or payload.timer_family_specs):
             continue
-        names.update(f"{transform.unique_name} state={sid}" for sid in payload.state_specs)
-        names.update(f"{transform.unique_name} timer={tid_}"
-                     for tid_ in payload.timer_family_specs)
+        name = transform.unique_name
+        main = proto.components.pcollections[transform.inputs[next(
+            tag for tag in transform.inputs if tag not in payload.side_inputs)]]
+        key_coder = proto.components.coders[main.coder_id].component_coder_ids[0]
+        names.add(f"{name} key={_coder_name(context, key_coder)}")
+        for sid, spec in payload.state_specs.items():
+            kind = spec.WhichOneof("spec")
+            inner = getattr(spec, kind)
+            coder = next(getattr(inner, f) for f in ("element_coder_id", "coder_id",
+                                                     "accumulator_coder_id", "key_coder_id")
+                         if getattr(inner, f, ""))
+            names.add(f"{name} state={sid} {kind.removesuffix('_spec')} "
+                      f"{_coder_name(context, coder)}")
+        names.update(f"{name} timer={tid_} {domains.Name(spec.time_domain)}"
+                     for tid_, spec in payload.timer_family_specs.items())
         node = tid
         while node in parents and node not in proto.root_transform_ids:
             names.add(transforms[node].unique_name)
