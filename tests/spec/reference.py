@@ -22,7 +22,7 @@ then the message text, which is also the order of a replay file sorted by event 
 - ``join_outputs(msgs)``: undefined joins (dead letters, the rest a fresh join), the per-join
   limit, late lines and tombstones, as docs/spec.md reads them.
 
-Readings taken where the docs leave room are marked ``READING:``.
+Rules cite docs/spec.md; readings taken where it leaves room are marked ``READING:``.
 """
 
 from __future__ import annotations
@@ -280,7 +280,7 @@ def reduce(defn: Definition, msgs: list[Msg]) -> State:
         if covered:
             branches[path] = _view(_earliest(copies))
         else:
-            # READING: the key of a skip conflict is the least key of the skips of the path
+            # docs/spec.md §5: the key of a skip's conflict is the least key of its skips
             conflicts.append({"kind": "unknown_branch", "branch": path,
                               "key": min(m.key for m in copies)})
 
@@ -394,9 +394,9 @@ def _closing_lookback(defn: Definition, msgs: list[Msg], times: list[int], now: 
     """A message moved ``D`` behind itself: the join closes at once, at or before the new
     ``D``, under the new definition.
 
-    READING: "at or before the new D" is the least candidate ``t`` in ``[opened_at, D]`` at
-    which the reducer under the new definition over the messages with effective time ``<= t``
-    is closable, else ``D``.
+    docs/spec.md §2 (2.): at the least candidate ``t`` in ``[opened_at, D]`` at which the reducer
+    under the new definition over the messages with effective time ``<= t`` is closable, else
+    at ``D``.
     """
     if defn.required is None:
         return None
@@ -420,7 +420,7 @@ def decide(msgs: list[Msg], env: Env) -> Closed | Undefined:
             continue
         defn = definition(so_far, env)
         if defn.deadline < t:
-            # READING: an undefined join decided this way rejects its messages so far
+            # docs/spec.md §2 (2.): undefined, its messages up to t are dead letters
             return _closing_lookback(defn, msgs, times, t) or \
                 Undefined(defn.deadline, so_far, t)
         if defn.required is not None and t >= defn.opened_at and closable(defn, so_far):
@@ -435,8 +435,8 @@ def close_object(closed: Closed) -> dict[str, Any]:
     defn, included = closed.defn, closed.included
     state = reduce(defn, included)
     reason = "complete" if state.complete else "partial" if defn.allow_partial else "timeout"
-    # READING: the defining open's run_id is the least among its identical copies; else the
-    # least run_id among the receipts the close holds
+    # docs/spec.md §5: the least run_id among the copies of the defining open, else the least
+    # among the receipts the close holds
     first = defn.defining_open
     ids = [m.run_id for m in included if m.run_id is not None and (
         m.identity == first.identity if first is not None and m.kind == "open" else False)]
@@ -478,10 +478,10 @@ def join_outputs(msgs: list[Msg], env: Env) -> dict[str, list[dict[str, Any]]]:
     """Closes, late lines and dead letters of one join's messages.
 
     - An undefined join's messages so far are ``undefined_join``; the rest form a fresh join.
-    - READING of the per-join limit: the join holds its first ``max_messages_per_join``
+    - The per-join limit (docs/spec.md §4): the join holds its first ``max_messages_per_join``
       messages in event-time order; a further message is late if the join closed before its
       event time (starts the next join if an undefined join was decided before it), else
-      ``join_too_large``.
+      ``join_too_large``. (The byte limit per join is not modelled: its default is not reached.)
     - A message after ``D + retention_s`` of a closed join starts a fresh join (tombstone
       gone), when ``env.reopen_after_retention`` — unless the join had seen it already (its
       event time is not after the decision: it moved ``D`` behind itself).
