@@ -157,14 +157,22 @@ EXAMPLES = {
     "shards": "2",
     "max_bytes": "262144",
     "max_messages_per_join": "1000",
+    "max_bytes_per_join": "33554432",
     "format": "jsonl,parquet",
+    "bigquery_dataset": "my-project:fanin",
+    "closes_topic": "projects/my-project/topics/fanin-closes",
+    "late_topic": "projects/my-project/topics/fanin-late",
+    "dead_letter_topic": "projects/my-project/topics/fanin-dead-letter",
+    "id_label": "event_id",
 }
 BAD = {
     "subscription": "projects/my-project/topics/t", "input": "/local/file.jsonl",
     "output": "out/", "contracts": "gs://my-bucket/c.json", "close_trigger": "eagerly",
     "deadline_s": "-1", "allow_partial": "yes", "fail_fast": "1", "retention_s": "7d",
     "window_s": "a", "shards": "0", "max_bytes": "1e6", "max_messages_per_join": "-5",
-    "format": "csv",
+    "format": "csv", "max_bytes_per_join": "16MiB", "bigquery_dataset": "my project:fanin",
+    "closes_topic": "projects/p/subscriptions/s", "late_topic": "fanin-late",
+    "dead_letter_topic": "projects/p/topics/", "id_label": "event id",
 }
 
 
@@ -194,6 +202,10 @@ def test_flex_parameters_are_fanin_run_options() -> None:
         EXAMPLES["subscription"], EXAMPLES["output"], "watermark")
     assert (args.deadline_s, args.allow_partial, args.fail_fast) == (45.0, True, False)
     assert (args.max_messages_per_join, args.format) == (1000, ["jsonl", "parquet"])
+    assert (args.max_bytes_per_join, args.bigquery_dataset, args.id_label) == (
+        33554432, "my-project:fanin", "event_id")
+    assert (args.closes_topic, args.late_topic, args.dead_letter_topic) == (
+        EXAMPLES["closes_topic"], EXAMPLES["late_topic"], EXAMPLES["dead_letter_topic"])
 
 
 def test_dockerfile_pins_the_project_beam_version() -> None:
@@ -204,5 +216,9 @@ def test_dockerfile_pins_the_project_beam_version() -> None:
     assert images[0].startswith("gcr.io/dataflow-templates-base/python311-template-launcher")
     assert images[-1] == f"apache/beam_python3.11_sdk:{pin}.0"
     assert 'FLEX_TEMPLATE_PYTHON_PY_FILE="${WORKDIR}/deploy/flex/main.py"' in dockerfile
-    assert "FLEX_TEMPLATE_PYTHON_SETUP_FILE" in dockerfile
+    # the image installs Fanin: no setup file for the launcher to install again (Google's sample)
+    assert "FLEX_TEMPLATE_PYTHON_SETUP_FILE=" not in dockerfile
+    # the launcher image is pinned by a release tag, never floating
+    tag = images[0].split(":", 1)[1].split()[0]
+    assert re.fullmatch(r"[0-9]{8}_RC[0-9]{2}", tag), images[0]
     assert "/opt/google/dataflow/python_template_launcher" in dockerfile
