@@ -2,27 +2,69 @@
 
 Guarantees:
 - ``fanin simulate --joins N --out FILE [--seed S] [--showcase] [--<rate> P ...]`` writes the
-  simulation (see ``fanin.fleet.simulate``) to FILE, prints one summary line to stdout and
-  exits 0.
+  simulation (see ``fanin.fleet.simulate``) to FILE, prints one summary line (to stdout, or to
+  stderr when FILE is ``-``, standard output) and exits 0.
+- ``--start now|INSTANT`` (RFC 3339) shifts every time of the run so the first join opens
+  then (default: the fixed ``EPOCH``, so the same seed gives the same bytes).
+- ``--rate N/s`` writes in real time: N joins open per second from now, and each line is
+  written (and flushed) when the clock reaches its arrival time, so event times follow the
+  clock: ``fanin simulate --joins 300 --rate 10/s --out - | fanin publish --topic T -`` is a
+  live stream. Stragglers (``--delayed``) arrive up to an hour after their event; ``--delayed
+  0`` ends the stream soon after the last join. Ctrl-C stops it (exit 130).
 - Every ``SimRates`` field is an option (``changed_duplicate`` -> ``--changed-duplicate``).
-- A negative ``--joins`` or a rate outside [0, 1] is a usage error: one ``error:`` line on
-  stderr (after argparse's usage line) and exit code 2. An unwritable FILE prints one line on
-  stderr and returns 1.
+- A negative ``--joins``, a rate outside [0, 1], a ``--start`` that is not ``now`` or RFC 3339,
+  a ``--rate`` that is not a positive ``N`` or ``N/s``, or ``--rate`` with a ``--start`` other
+  than ``now`` is a usage error: one ``error:`` line on stderr (after argparse's usage line) and
+  exit code 2. An unwritable FILE prints one line on stderr and returns 1.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from dataclasses import fields, replace
 from typing import Any
 
-from fanin.fleet.simulate import SHOWCASE_RATES, SimRates, check_probability, write_simulation
+from fanin.contracts.timefmt import parse_rfc3339
+from fanin.fleet.simulate import (
+    EPOCH,
+    SHOWCASE_RATES,
+    SimRates,
+    SimSummary,
+    check_probability,
+    write_lines,
+    write_paced,
+    write_simulation,
+)
 
 __all__ = ["add_subcommand", "run_simulate"]
 
 
-_USAGE = "fanin simulate --joins N --out FILE [--seed S] [--showcase] [--<rate> P ...]"
+_USAGE = ("fanin simulate --joins N --out FILE|- [--seed S] [--start now|INSTANT] "
+          "[--rate N/s] [--showcase] [--<rate> P ...]")
+
+
+def _start(text: str) -> str | int:
+    if text == "now":
+        return text
+    try:
+        parse_rfc3339(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not 'now' or an RFC 3339 instant: {text!r} "
+                                         f"({exc})") from None
+    return text
+
+
+def _joins_per_s(text: str) -> float:
+    number = text[:-2] if text.endswith("/s") else text
+    try:
+        value = float(number)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"not a positive rate like 20/s: {text!r}")
+    return value
 
 
 def _non_negative_int(text: str) -> int:
@@ -46,17 +88,38 @@ def _probability(name: str) -> Any:
     return parse
 
 
+def _write(args: argparse.Namespace, rates: SimRates) -> SimSummary:
+    if args.rate is not None:
+        if args.out == "-":
+            return write_paced(sys.stdout, args.joins, args.seed, rates, joins_per_s=args.rate)
+        with open(args.out, "w", encoding="utf-8", newline="\n") as out:
+            return write_paced(out, args.joins, args.seed, rates, joins_per_s=args.rate)
+    start = int(time.time() * 1000) if args.start == "now" else args.start
+    if args.out == "-":
+        return write_lines(sys.stdout, args.joins, args.seed, rates, start=start)
+    return write_simulation(args.out, args.joins, args.seed, rates, start=start)
+
+
 def run_simulate(args: argparse.Namespace) -> int:
     """Run the subcommand for parsed ``args``; returns the exit code."""
+    if args.rate is not None and args.start not in (None, "now"):
+        print(f"{_USAGE}\nfanin simulate: error: --rate starts now; it cannot be combined with "
+              f"--start {args.start}", file=sys.stderr)
+        return 2
+    args.start = args.start or EPOCH
     overrides = {spec.name: getattr(args, spec.name) for spec in fields(SimRates)
                  if getattr(args, spec.name) is not None}
     rates = replace(SHOWCASE_RATES if args.showcase else SimRates(), **overrides)
     try:
-        summary = write_simulation(args.out, args.joins, args.seed, rates)
+        summary = _write(args, rates)
     except OSError as exc:
         print(f"fanin simulate: cannot write {args.out}: {exc.strerror or exc}", file=sys.stderr)
         return 1
-    print(f"fanin simulate: wrote {args.out}: {summary.one_line()}")
+    except KeyboardInterrupt:
+        print("fanin simulate: interrupted", file=sys.stderr)
+        return 130
+    print(f"fanin simulate: wrote {args.out}: {summary.one_line()}",
+          file=sys.stderr if args.out == "-" else sys.stdout)
     return 0
 
 
@@ -70,9 +133,16 @@ def add_subcommand(subparsers: Any) -> None:
                     "lines) as newline-delimited JSON.")
     parser.add_argument("--joins", type=_non_negative_int, required=True, metavar="N",
                         help="number of joins to simulate")
-    parser.add_argument("--out", required=True, metavar="FILE", help="output JSONL file")
+    parser.add_argument("--out", required=True, metavar="FILE",
+                        help="output JSONL file ('-': standard output)")
     parser.add_argument("--seed", type=int, default=0, metavar="S",
                         help="random seed (same seed, same bytes; default 0)")
+    parser.add_argument("--start", type=_start, default=None, metavar="now|INSTANT",
+                        help=f"when the first join opens (default {EPOCH}; 'now' with --rate)")
+    parser.add_argument("--rate", type=_joins_per_s, default=None, metavar="N/s",
+                        help="write in real time: N joins open per second from now, each line "
+                             "written when its arrival time comes (event times follow the "
+                             "clock)")
     parser.add_argument("--showcase", action="store_true",
                         help="start from the raised SHOWCASE_RATES (every behaviour in a few "
                              "dozen joins) instead of the defaults")

@@ -6,8 +6,14 @@ Guarantees:
   state, no wall clock), given the same bundled contracts file and Python minor version.
 - It streams: memory holds the lines not yet due (the joins in flight and the delayed
   stragglers) plus one id per join opened so far.
-- Join ``i`` opens at ``EPOCH + i * STAGGER_MS`` (seed-independent), so joins overlap in event
-  time. Times are RFC 3339 UTC with milliseconds.
+- Join ``i`` opens at ``start + i * stagger_ms`` (default ``EPOCH`` and ``STAGGER_MS``;
+  seed-independent), so joins overlap in event time. Another ``start`` shifts every time of the
+  run by the same amount (same seed, same lines otherwise). Times are RFC 3339 UTC with
+  milliseconds.
+- ``timed_lines`` yields each line with its arrival time (epoch ms: when the fleet delivers it;
+  never before its own event time); ``write_paced`` writes them in real time, each when the
+  clock reaches its arrival time, from ``start`` = now: a live stream whose event times follow
+  the clock (``fanin simulate --rate N/s``).
 - Every line is either a valid message of docs/spec.md §1 against the bundled contracts file
   (``CONTRACTS_PATH``), or is intentionally malformed, and then ``parse_message`` dead-letters
   it with the error code ``DEAD_LETTER_ERRORS[category]``.
@@ -41,12 +47,13 @@ from __future__ import annotations
 import heapq
 import json
 import random
-from collections.abc import Iterator, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TextIO
 
 from fanin.contracts.catalog import Contract, JoinDefaults, parse_contracts
 from fanin.contracts.timefmt import format_ms, parse_rfc3339
@@ -70,6 +77,9 @@ __all__ = [
     "check_probability",
     "simulate",
     "simulate_lines",
+    "timed_lines",
+    "write_lines",
+    "write_paced",
     "write_simulation",
 ]
 
@@ -90,7 +100,6 @@ DEAD_LETTER_ERRORS: Mapping[str, str] = {
     "unknown_contract": "unknown_contract",
 }
 
-_EPOCH_MS = parse_rfc3339(EPOCH)
 _STRAYS = ("extra", "debug/trace", "legacy/ranker")
 _UNKNOWN_CONTRACTS = ("triage-v0", "summarise", "Triage")
 _NOT_OBJECTS = ('[1,2,3]', '"receipt"', "42", "null", "true", '[{"join_id":"x"}]')
@@ -237,9 +246,11 @@ class _Join:
 class _Generator:
     """Plans each join and pushes its lines on an arrival-ordered heap."""
 
-    def __init__(self, seed: int, rates: SimRates) -> None:
+    def __init__(self, seed: int, rates: SimRates, start_ms: int, stagger_ms: float) -> None:
         self.seed = seed
         self.rates = rates
+        self.start_ms = start_ms
+        self.stagger_ms = stagger_ms
         self.rng = random.Random(seed)
         self.contracts = bundled_contracts()
         self.names = sorted(self.contracts)
@@ -248,6 +259,9 @@ class _Generator:
         self.messages = 0
 
     # -- primitives -------------------------------------------------------------------------
+
+    def opened_ms(self, index: int) -> int:
+        return self.start_ms + int(index * self.stagger_ms)
 
     def _message_id(self) -> str:
         self.messages += 1
@@ -292,7 +306,7 @@ class _Generator:
 
     def _plan(self, index: int) -> _Join:
         rng, rates = self.rng, self.rates
-        opened_ms = _EPOCH_MS + index * STAGGER_MS
+        opened_ms = self.opened_ms(index)
         open_fields: dict[str, Any] = {}
         keyed: dict[str, tuple[str, Any]] = {}
         if rng.random() >= rates.explicit_open:
@@ -417,19 +431,34 @@ class _Generator:
         return encode_message(msg)
 
 
-def simulate_lines(joins: int, seed: int = 0, rates: SimRates | None = None) -> Iterator[SimLine]:
-    """The lines of ``simulate`` with their category and flags, in arrival order."""
+def _start_ms(start: str | int) -> int:
+    if isinstance(start, str):
+        return parse_rfc3339(start)
+    if isinstance(start, bool) or not isinstance(start, int):
+        raise ValueError(f"start must be RFC 3339 text or epoch milliseconds, not {start!r}")
+    return start
+
+
+def timed_lines(joins: int, seed: int = 0, rates: SimRates | None = None, *,
+                start: str | int = EPOCH, stagger_ms: float = STAGGER_MS
+                ) -> Iterator[tuple[int, SimLine]]:
+    """``(arrival_ms, line)`` in arrival order: join ``i`` opens at ``start + i * stagger_ms``
+    (``start``: RFC 3339 or epoch milliseconds)."""
     if isinstance(joins, bool) or not isinstance(joins, int) or joins < 0:
         raise ValueError(f"joins must be an integer >= 0, not {joins!r}")
-    gen = _Generator(seed, rates or SimRates())
+    if not stagger_ms > 0:
+        raise ValueError(f"stagger_ms must be > 0, not {stagger_ms!r}")
+    start_ms = _start_ms(start)
+    gen = _Generator(seed, rates or SimRates(), start_ms, stagger_ms)
     heap = gen.heap
     opened: set[str] = set()
-    max_event = _EPOCH_MS
+    max_event = start_ms
 
-    def drain(before: int | None) -> Iterator[SimLine]:
+    def drain(before: int | None) -> Iterator[tuple[int, SimLine]]:
         nonlocal max_event
         while heap and (before is None or heap[0][0] < before):
-            _, _, category, line, join_id, kind, event_ms, deadline_ms = heapq.heappop(heap)
+            arrival, _, category, line, join_id, kind, event_ms, deadline_ms = \
+                heapq.heappop(heap)
             flags = _NO_FLAGS
             if kind == _OPEN:
                 opened.add(join_id)
@@ -444,32 +473,82 @@ def simulate_lines(joins: int, seed: int = 0, rates: SimRates | None = None) -> 
                 flags = tuple(found) if found else _NO_FLAGS
             if kind != _BAD and event_ms > max_event:
                 max_event = event_ms
-            yield SimLine(line, category, flags)
+            yield arrival, SimLine(line, category, flags)
 
     for index in range(joins):
         # every line of join ``index`` and later arrives at or after its opened_at
-        yield from drain(_EPOCH_MS + index * STAGGER_MS)
+        yield from drain(gen.opened_ms(index))
         gen.join(index)
     yield from drain(None)
 
 
-def simulate(joins: int, seed: int = 0, rates: SimRates | None = None) -> Iterator[str]:
+def simulate_lines(joins: int, seed: int = 0, rates: SimRates | None = None, *,
+                   start: str | int = EPOCH, stagger_ms: float = STAGGER_MS
+                   ) -> Iterator[SimLine]:
+    """The lines of ``simulate`` with their category and flags, in arrival order."""
+    return (item for _, item in timed_lines(joins, seed, rates, start=start,
+                                            stagger_ms=stagger_ms))
+
+
+def simulate(joins: int, seed: int = 0, rates: SimRates | None = None, *,
+             start: str | int = EPOCH, stagger_ms: float = STAGGER_MS) -> Iterator[str]:
     """Newline-free JSON lines of ``joins`` concurrent joins, in arrival order."""
-    return (item.line for item in simulate_lines(joins, seed, rates))
+    return (item.line for item in simulate_lines(joins, seed, rates, start=start,
+                                                 stagger_ms=stagger_ms))
+
+
+class _Counter:
+    """Counts of the lines written, for ``SimSummary``."""
+
+    def __init__(self) -> None:
+        self.lines = 0
+        self.categories = dict.fromkeys(CATEGORIES, 0)
+        self.flags = dict.fromkeys(FLAGS, 0)
+
+    def add(self, item: SimLine) -> None:
+        self.lines += 1
+        self.categories[item.category] += 1
+        for flag in item.flags:
+            self.flags[flag] += 1
+
+    def summary(self, joins: int, seed: int) -> SimSummary:
+        return SimSummary(joins=joins, seed=seed, lines=self.lines, categories=self.categories,
+                          flags=self.flags)
+
+
+def write_paced(out: TextIO, joins: int, seed: int = 0, rates: SimRates | None = None, *,
+                joins_per_s: float, clock: Callable[[], float] = time.time,
+                sleep: Callable[[float], None] = time.sleep) -> SimSummary:
+    """Write the simulation to ``out`` in real time: it starts now (per ``clock``), opens
+    ``joins_per_s`` joins per second, and writes (and flushes) each line once the clock reaches
+    its arrival time, so no line is written before its event time."""
+    if not 0 < joins_per_s < float("inf"):
+        raise ValueError(f"joins_per_s must be > 0, not {joins_per_s!r}")
+    counter = _Counter()
+    start_ms = int(clock() * 1000)
+    for arrival_ms, item in timed_lines(joins, seed, rates, start=start_ms,
+                                        stagger_ms=1000 / joins_per_s):
+        while (ahead := arrival_ms / 1000 - clock()) > 0:
+            sleep(ahead)
+        out.write(item.line + "\n")
+        out.flush()
+        counter.add(item)
+    return counter.summary(joins, seed)
+
+
+def write_lines(out: TextIO, joins: int, seed: int = 0, rates: SimRates | None = None, *,
+                start: str | int = EPOCH) -> SimSummary:
+    """Write ``simulate(joins, seed, rates, start=start)`` to ``out`` (one line each), count it."""
+    counter = _Counter()
+    for item in simulate_lines(joins, seed, rates, start=start):
+        out.write(item.line)
+        out.write("\n")
+        counter.add(item)
+    return counter.summary(joins, seed)
 
 
 def write_simulation(path: str | Path, joins: int, seed: int = 0,
-                     rates: SimRates | None = None) -> SimSummary:
-    """Write ``simulate(joins, seed, rates)`` to ``path`` (one line each) and count it."""
-    categories = dict.fromkeys(CATEGORIES, 0)
-    flags = dict.fromkeys(FLAGS, 0)
-    lines = 0
+                     rates: SimRates | None = None, *, start: str | int = EPOCH) -> SimSummary:
+    """``write_lines`` into the file ``path`` (created or replaced)."""
     with Path(path).open("w", encoding="utf-8", newline="\n") as out:
-        for item in simulate_lines(joins, seed, rates):
-            out.write(item.line)
-            out.write("\n")
-            lines += 1
-            categories[item.category] += 1
-            for flag in item.flags:
-                flags[flag] += 1
-    return SimSummary(joins=joins, seed=seed, lines=lines, categories=categories, flags=flags)
+        return write_lines(out, joins, seed, rates, start=start)
