@@ -1,39 +1,32 @@
-"""ReadMessages and PublishJson in a streaming pipeline against the in-memory Pub/Sub server.
+"""ReadMessages and PublishJson in a streaming pipeline against Google's Pub/Sub emulator.
 
 How the streaming pipeline is run and stopped on the local runner: ``p.run()`` with
 ``--runner=BundleBasedDirectRunner --streaming`` returns at once with a ``DirectPipelineResult``
 while the pipeline keeps pulling in a background thread. ``wait_until_finish(duration=...)``
 raises ``NotImplementedError`` on that runner and plain ``wait_until_finish()`` never returns
-for an unbounded source, so the test polls the fake server for the pipeline's output with a
-bounded loop and a deadline, then calls ``result.cancel()``, which shuts the executor down and
-waits for its worker thread (at most one in-flight Pull, ``pull_wait_s`` long). Cancelling is in
-a ``finally`` so a failing assertion never leaves a pipeline running.
+for an unbounded source, so the test pulls the pipeline's output topic with a deadline, then
+calls ``result.cancel()``, which shuts the executor down and waits for its worker thread.
+Cancelling is in a ``finally`` so a failing assertion never leaves a pipeline running.
 """
 
 from __future__ import annotations
 
 import gc
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import apache_beam as beam
 import pytest
 from apache_beam.io.gcp.pubsub import ReadFromPubSub
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.pipeline import PipelineVisitor
-from support.pubsub_server import PubSubServer, pubsub_server_fixture
+from support.emulator import PubSubEmulator, wait_for
 
-from fanin.io.pubsub import PublishJson, ReadMessages
+from fanin.io.pubsub import PublishJson, ReadMessages, parse_event_time_ms
 
 TOPIC_IN = "projects/fanin-test/topics/in"
 SUB_IN = "projects/fanin-test/subscriptions/in"
-TOPIC_OUT = "projects/fanin-test/topics/out"
-DEADLINE_S = 30.0
-
-
-@pytest.fixture
-def pubsub(monkeypatch: pytest.MonkeyPatch) -> Iterator[PubSubServer]:
-    yield from pubsub_server_fixture(monkeypatch)
+DEADLINE_S = 60.0
 
 
 def _streaming_pipeline() -> beam.Pipeline:
@@ -42,11 +35,11 @@ def _streaming_pipeline() -> beam.Pipeline:
     )
 
 
-def _run_until(p: beam.Pipeline, server: PubSubServer, done: Callable[[], bool]) -> None:
-    """Run ``p`` until ``done()`` holds (re-checked on every server change), then cancel it."""
+def _run_until(p: beam.Pipeline, done: Callable[[], bool]) -> None:
+    """Run ``p`` until ``done()`` holds (polled), then cancel it."""
     result = p.run()
     try:
-        assert server.wait_for(done, DEADLINE_S), "pipeline output incomplete at the deadline"
+        assert wait_for(done, DEADLINE_S, 0.1), "pipeline output incomplete at the deadline"
     finally:
         result.cancel()
 
@@ -63,10 +56,9 @@ class _Describe(beam.DoFn):
         }
 
 
-def test_read_messages_to_publish_json_round_trip(pubsub: PubSubServer) -> None:
-    pubsub.create_topic(TOPIC_IN)
-    pubsub.create_subscription(SUB_IN, TOPIC_IN)
-    pubsub.create_topic(TOPIC_OUT)
+def test_read_messages_to_publish_json_round_trip(pubsub_emulator: PubSubEmulator) -> None:
+    topic_in, sub_in = pubsub_emulator.topic_and_subscription("in")
+    topic_out, sub_out = pubsub_emulator.topic_and_subscription("out")
     sent = {
         "j-good": ({"event_time": "2026-01-02T03:04:05.678Z", "run_id": "r1"}, 1767323045678),
         "j-millis": ({"event_time": "1767323045000"}, 1767323045000),
@@ -74,23 +66,21 @@ def test_read_messages_to_publish_json_round_trip(pubsub: PubSubServer) -> None:
         "j-none": ({}, None),
     }
     ids = {
-        join_id: pubsub.publish(TOPIC_IN, json.dumps({"join_id": join_id}).encode(), attrs)
+        join_id: pubsub_emulator.publish(topic_in, json.dumps({"join_id": join_id}).encode(),
+                                         **attrs)
         for join_id, (attrs, _) in sent.items()
-    }
-    publish_ms = {
-        m.message_id: int(m.publish_time.timestamp() * 1000) for m in pubsub.published(TOPIC_IN)
     }
 
     p = _streaming_pipeline()
     _ = (
         p
-        | ReadMessages(subscription=SUB_IN)
+        | ReadMessages(subscription=sub_in)
         | beam.ParDo(_Describe())
-        | PublishJson(TOPIC_OUT, attributes_fn=lambda obj: {"origin": "test"})
+        | PublishJson(topic_out, attributes_fn=lambda obj: {"origin": "test"})
     )
-    _run_until(p, pubsub, lambda: len(pubsub.published(TOPIC_OUT)) >= len(sent))
+    out: list = []
+    _run_until(p, lambda: out.extend(pubsub_emulator.pull(sub_out)) or len(out) >= len(sent))
 
-    out = pubsub.published(TOPIC_OUT)
     assert len(out) == len(sent)
     by_join = {}
     for message in out:
@@ -103,15 +93,16 @@ def test_read_messages_to_publish_json_round_trip(pubsub: PubSubServer) -> None:
         obj = by_join[join_id]
         source = obj["source"]
         assert source["kind"] == "pubsub"
-        assert source["subscription"] == SUB_IN
+        assert source["subscription"] == sub_in
         assert source["message_id"] == ids[join_id]
         assert source["attributes"] == attrs
         assert source["publish_time"].endswith("Z")
         # A missing or unparseable event_time falls back to the publish time (no crash).
-        expected_ms = event_ms if event_ms is not None else publish_ms[ids[join_id]]
+        publish_ms = parse_event_time_ms(source["publish_time"])
+        expected_ms = event_ms if event_ms is not None else publish_ms
         assert obj["timestamp_ms"] == expected_ms
-    # The input was acknowledged: nothing is left outstanding or waiting on the subscription.
-    assert pubsub.unacked(SUB_IN) == 0
+    # The input was acknowledged: nothing is redelivered on the subscription.
+    assert pubsub_emulator.pull(sub_in) == []
 
 
 def _relay_pipeline(topic_in: str, topic_out: str) -> beam.Pipeline:
@@ -126,28 +117,38 @@ def _relay_pipeline(topic_in: str, topic_out: str) -> beam.Pipeline:
     return p
 
 
-def test_read_messages_from_topic_creates_a_subscription(pubsub: PubSubServer) -> None:
-    pubsub.create_topic(TOPIC_IN)
-    pubsub.create_topic(TOPIC_OUT)
-    p = _relay_pipeline(TOPIC_IN, TOPIC_OUT)
+def test_read_messages_from_topic_creates_a_subscription(
+    pubsub_emulator: PubSubEmulator,
+) -> None:
+    topic_in = pubsub_emulator.topic("in")
+    topic_out, sub_out = pubsub_emulator.topic_and_subscription("out")
+    p = _relay_pipeline(topic_in, topic_out)
+    publisher = pubsub_emulator.publisher
+
+    def subscriptions() -> list[str]:
+        return list(publisher.list_topic_subscriptions(topic=topic_in))
+
+    out: list = []
 
     def relay() -> bool:
         # The runner's temporary subscription exists only once the pipeline started reading;
         # publish then, since a topic read sees only messages published after that.
-        if pubsub.subscriptions() and not pubsub.published(TOPIC_IN):
-            pubsub.publish(TOPIC_IN, b'{"join_id":"j1"}', {"k": "v"})
-        return bool(pubsub.published(TOPIC_OUT))
+        if not out and subscriptions():
+            pubsub_emulator.publish(topic_in, b'{"join_id":"j1"}', k="v")
+            out.append(None)
+        out.extend(pubsub_emulator.pull(sub_out))
+        return len(out) > 1
 
-    _run_until(p, pubsub, relay)
+    _run_until(p, relay)
     # The runner deletes its temporary subscription when the read transform is collected;
-    # force that while the server is up (else it retries for 60 s at interpreter exit).
+    # force that while the emulator is up (else it retries for 60 s at interpreter exit).
     del p
     gc.collect()
-    assert pubsub.wait_for(lambda: not pubsub.subscriptions(), DEADLINE_S)
-    (message,) = pubsub.published(TOPIC_OUT)
+    assert wait_for(lambda: not subscriptions(), DEADLINE_S)
+    (message,) = out[1:]
     obj = json.loads(message.data)
     assert obj["join_id"] == "j1"
-    assert obj["source"]["topic"] == TOPIC_IN
+    assert obj["source"]["topic"] == topic_in
     assert "subscription" not in obj["source"]
     assert obj["source"]["attributes"] == {"k": "v"}
 

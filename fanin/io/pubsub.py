@@ -16,7 +16,7 @@ milliseconds, years 0001-9999), otherwise the publish time (the timestamp the so
 it has no timestamp attribute). Consequence on every runner: the source's watermark follows
 publish time, not the attribute, so messages whose event time is older than their publish time
 arrive behind the watermark; Fanin's stateful join in the global window handles such messages
-itself (SPEC §4), and nothing is dropped by this transform.
+itself (docs/spec.md §4), and nothing is dropped by this transform.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from apache_beam.transforms.window import TimestampedValue
 from apache_beam.utils.timestamp import Timestamp
 
 from fanin.contracts.timefmt import MAX_MS, MIN_MS, format_ms, parse_rfc3339
+from fanin.io.pubsub_drain import Drain, DrainableLocalRead
 
 __all__ = [
     "PublishJson",
@@ -125,6 +126,12 @@ def _on_dataflow(pipeline: beam.Pipeline) -> bool:
     return isinstance(pipeline.runner, DataflowRunner)
 
 
+def _on_local_direct_runner(pipeline: beam.Pipeline) -> bool:
+    from apache_beam.runners.direct.direct_runner import BundleBasedDirectRunner, DirectRunner
+
+    return isinstance(pipeline.runner, (BundleBasedDirectRunner, DirectRunner))
+
+
 class ReadMessages(beam.PTransform):
     """Read Pub/Sub messages as ``(data: bytes, source: dict)`` pairs (streaming only).
 
@@ -146,7 +153,12 @@ class ReadMessages(beam.PTransform):
     Dataflow, whose source then drops redeliveries; Beam's local runners do not implement it, so
     on any other runner ``id_label`` raises ``NotImplementedError`` when the transform is applied
     rather than silently not deduplicating. Without it, duplicates reach the join, whose reducer
-    counts identical receipts as duplicates (SPEC §3).
+    counts identical receipts as duplicates (docs/spec.md §3).
+
+    Stopping: on Beam's local direct runner the read is ``fanin.io.pubsub_drain``'s
+    ``DrainableLocalRead``; ``drain.request()`` (``drain`` given here, or the one created and
+    exposed as ``self.drain``) stops pulling and lets every open join close and be written, as
+    a Dataflow drain does. On other runners ``drain`` is unused (drain the job with the runner).
     """
 
     def __init__(
@@ -155,6 +167,7 @@ class ReadMessages(beam.PTransform):
         topic: str | None = None,
         timestamp_attribute: str | None = "event_time",
         id_label: str | None = None,
+        drain: Drain | None = None,
     ) -> None:
         super().__init__()
         if (subscription is None) == (topic is None):
@@ -167,6 +180,7 @@ class ReadMessages(beam.PTransform):
         self._topic = topic
         self._timestamp_attribute = timestamp_attribute
         self._id_label = id_label
+        self.drain = drain or Drain()
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection:
         if self._id_label is not None and not _on_dataflow(pbegin.pipeline):
@@ -179,15 +193,14 @@ class ReadMessages(beam.PTransform):
             kind, name = "subscription", self._subscription
         else:
             kind, name = "topic", self._topic
+        if _on_local_direct_runner(pbegin.pipeline):
+            read: beam.PTransform = DrainableLocalRead(self.drain, self._subscription, self._topic)
+        else:
+            read = ReadFromPubSub(subscription=self._subscription, topic=self._topic,
+                                  id_label=self._id_label, with_attributes=True)
         return (
             pbegin
-            | "ReadFromPubSub"
-            >> ReadFromPubSub(
-                subscription=self._subscription,
-                topic=self._topic,
-                id_label=self._id_label,
-                with_attributes=True,
-            )
+            | "ReadFromPubSub" >> read
             | "ToRecord"
             >> beam.ParDo(_ToRecord(kind, name, self._timestamp_attribute)).with_output_types(
                 tuple[bytes, dict[str, Any]]

@@ -12,6 +12,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -30,11 +31,12 @@ from apache_beam.options.pipeline_options import (
 from fanin.contracts.catalog import Catalog, JoinDefaults, load_contracts
 from fanin.contracts.parsing import DEFAULT_MAX_BYTES
 from fanin.core.outcomes import CLOSES, DEAD_LETTER, LATE
+from fanin.io.pubsub_drain import Drain, drain_on_signals
 from fanin.transforms.join import DEFAULT_MAX_BYTES_PER_JOIN, JoinRecords
 from fanin.transforms.parse import ParseMessages
 from fanin.transforms.read import ReadNumberedLines, expand_inputs, numbered_lines
 from fanin.transforms.replay import build_replay
-from fanin.transforms.write import FORMATS, WriteOutput
+from fanin.transforms.write import FORMATS, WriteOutput, new_token
 
 __all__ = ["ConfigError", "RunConfig", "build", "catalog_for", "checkout_setup_file",
            "choose_runner", "configure_options", "replay_horizon_ms", "run_pipeline"]
@@ -126,8 +128,10 @@ def replay_horizon_ms(catalog: Catalog) -> int:
     return int((max(deadlines) + max(retentions)) * 1000) + 1
 
 
-def build(p: beam.Pipeline, config: RunConfig, catalog: Catalog) -> dict[str, beam.PCollection]:
-    """Add the whole job to ``p``; returns the joined outputs by name (for tests)."""
+def build(p: beam.Pipeline, config: RunConfig, catalog: Catalog,
+          drain: Drain | None = None) -> dict[str, beam.PCollection]:
+    """Add the whole job to ``p``; returns the joined outputs by name (for tests). ``drain``
+    stops a Pub/Sub read on the local runner (``fanin.io.pubsub_drain``)."""
     if config.replay:
         paths = expand_inputs(config.inputs)
         lines = [item for path in paths for item in numbered_lines(path)]
@@ -138,7 +142,7 @@ def build(p: beam.Pipeline, config: RunConfig, catalog: Catalog) -> dict[str, be
         from fanin.io.pubsub import ReadMessages
 
         raw = p | "Read" >> ReadMessages(subscription=config.subscription, topic=config.topic,
-                                         id_label=config.id_label)
+                                         id_label=config.id_label, drain=drain)
     parsed = raw | "Parse" >> ParseMessages(frozenset(catalog.contracts), config.max_bytes)
     joined = parsed.records | "Join" >> JoinRecords(catalog, config.streaming,
                                                     config.max_messages_per_join,
@@ -147,10 +151,13 @@ def build(p: beam.Pipeline, config: RunConfig, catalog: Catalog) -> dict[str, be
     outputs = {CLOSES: joined[CLOSES], LATE: joined[LATE],
                DEAD_LETTER: (joined[DEAD_LETTER], parsed[DEAD_LETTER])
                | "MergeDeadLetters" >> beam.Flatten()}
+    token = new_token()  # in this job's file names: a later job never overwrites them
+    if config.streaming:
+        _LOG.info("fanin: output files of this job are named <kind>-%s-p<pane>-s<shard>", token)
     for kind, pcoll in outputs.items():
         folder = FileSystems.join(config.output, kind)
         pcoll | f"Write/{kind}" >> WriteOutput(folder, kind, config.formats, config.streaming,
-                                               config.window_s, config.shards)
+                                               config.window_s, config.shards, token=token)
         if kind in config.topics:
             from fanin.io.pubsub import PublishJson
 
@@ -164,15 +171,24 @@ def build(p: beam.Pipeline, config: RunConfig, catalog: Catalog) -> dict[str, be
 
 
 def _prepare_output(output: str, overwrite: bool) -> None:
-    """Create the three folders; refuse to mix with an earlier run's files unless asked."""
+    """Create the three folders; refuse to mix with an earlier run's files unless asked, and
+    refuse (``ConfigError``) a path that is a file where a folder must be, or any folder that
+    cannot be created."""
     for kind in (CLOSES, LATE, DEAD_LETTER):
         folder = os.path.join(output, kind)
+        for path in (output, folder):
+            if os.path.exists(path) and not os.path.isdir(path):
+                raise ConfigError(f"--output: {path} is a file, not a folder")
         if os.path.isdir(folder) and os.listdir(folder):
             if not overwrite:
                 raise ConfigError(f"{output} already holds outputs; pass --overwrite to "
                                   "replace them")
             shutil.rmtree(folder)
-        os.makedirs(folder, exist_ok=True)
+        try:
+            os.makedirs(folder, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"--output: cannot create {folder}: {exc.strerror or exc}") \
+                from None
 
 
 def checkout_setup_file() -> str | None:
@@ -225,13 +241,18 @@ def configure_options(config: RunConfig, beam_args: Sequence[str]) -> PipelineOp
 
 def run_pipeline(config: RunConfig, beam_args: Sequence[str]) -> beam.runners.runner.PipelineResult:
     """Validate, build and run the job; waits for it to finish, except a streaming job on
-    Dataflow, which is left running once submitted."""
+    Dataflow, which is left running once submitted.
+
+    Stopping a Pub/Sub run on the local runner: the first SIGINT (Ctrl-C) or SIGTERM drains it
+    (reading stops, every open join closes as at its deadline, all outputs are written, and this
+    returns normally); a second one exits 130 (``SystemExit``). See docs/reliability.md."""
     config.validate()
     catalog = catalog_for(config)
     options = configure_options(config, beam_args)
     runner = options.view_as(StandardOptions).runner
     p = beam.Pipeline(options=options)
-    build(p, config, catalog)  # a missing input is reported here, before anything is written
+    drain = Drain() if config.subscription or config.topic else None
+    build(p, config, catalog, drain)  # a missing input is reported here, before anything is written
     if "://" not in config.output:
         _prepare_output(config.output, config.overwrite)
     _LOG.info("fanin: runner %s, %s input", runner,
@@ -240,5 +261,6 @@ def run_pipeline(config: RunConfig, beam_args: Sequence[str]) -> beam.runners.ru
     if config.streaming and runner.endswith("DataflowRunner"):
         _LOG.info("fanin: streaming job submitted; it runs until drained or cancelled")
         return result
-    result.wait_until_finish()
+    with drain_on_signals(drain, _LOG) if drain else contextlib.nullcontext():
+        result.wait_until_finish()
     return result

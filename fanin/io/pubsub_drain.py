@@ -1,0 +1,216 @@
+"""Draining a streaming run on Beam's local runner: a Pub/Sub read that stops on request.
+
+Why a drain. Beam 2.77's local streaming runner (``BundleBasedDirectRunner``) reads Pub/Sub in
+``_PubSubReadEvaluator``: each read pulls up to 10 messages and **acknowledges them at once**,
+before any downstream step has seen them (``runners/direct/transform_evaluator.py``: "Because
+of the AutoAck, we are not able to reread messages"). Join state lives in that process's
+memory. So once a message is read, the only place its effect exists is the running process;
+interrupting it (the old ``KeyboardInterrupt``) lost every message of every open join. Holding
+acknowledgements back until a join's close is written is not possible on that runner (the ack
+is inside the runner, and a join may stay open longer than Pub/Sub's 600 s ack deadline limit).
+
+What this module does instead, like Dataflow's drain: ``Drain.request()`` (called by
+``run_pipeline``'s SIGINT/SIGTERM handler) makes the read stop pulling and report itself
+finished. Beam then advances the watermark to the end of time, so every event-time timer fires:
+each open join closes (``timeout``/``partial`` as at its deadline), windowed writes flush, and
+``wait_until_finish()`` returns. Every acknowledged message is in the outputs; every message not
+yet pulled stays in the subscription for the next run.
+
+Guarantees of ``DrainableLocalRead``:
+- Reads the same messages as ``ReadFromPubSub`` (``with_attributes=True``, publish-time
+  timestamps), acknowledging each batch when pulled (Beam's behaviour, unchanged).
+- After ``request()``, no further pull starts; a pull already in flight completes and its
+  messages are processed. An idle read polls every 0.2 s (rather than Beam's 30 s long poll), so
+  a stop takes effect within about that time plus the pipeline's flush.
+- A hard kill (SIGKILL, power loss) still loses the open joins' messages: that is the local
+  runner's limit; Dataflow keeps state durably and acknowledges only after it is committed.
+
+Relies on two internals of Beam's direct runner (checked in ``tests/test_pubsub_stop.py``):
+``_PubSubReadEvaluator`` and ``TransformEvaluatorRegistry._test_evaluators_overrides``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import threading
+import time
+import uuid
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+from apache_beam.io.gcp.pubsub import ReadFromPubSub
+from apache_beam.pvalue import PBegin, PCollection
+from apache_beam.runners.direct.direct_runner import _DirectReadFromPubSub
+from apache_beam.runners.direct.transform_evaluator import (
+    TransformEvaluatorRegistry,
+    TransformResult,
+    _PubSubReadEvaluator,
+)
+from apache_beam.transforms.window import GlobalWindow
+from apache_beam.utils.timestamp import MAX_TIMESTAMP
+
+__all__ = ["Drain", "DrainableLocalRead", "drain_on_signals"]
+
+# How long an idle read waits (for a message or a drain) before pulling again.
+_IDLE_WAIT_S = 0.2
+# The last instant of the global window: a drained read holds its watermark there first.
+_END = GlobalWindow().max_timestamp()
+# Consecutive quiescent checks (each _IDLE_WAIT_S / 2 apart) before the hold is released.
+_SETTLED_CHECKS = 5
+
+_DRAINS: weakref.WeakValueDictionary[str, Drain] = weakref.WeakValueDictionary()
+
+
+def _drain_by_token(token: str) -> Drain:
+    drain = _DRAINS.get(token)
+    if drain is None:  # unpickled in another process: a drain nobody can request
+        drain = Drain(token)
+    return drain
+
+
+class Drain:
+    """A stop request shared by the reads of one run.
+
+    Pickles by identity within the process (Beam round-trips the pipeline through its runner
+    API before running it locally): the unpickled object is this same ``Drain``.
+    """
+
+    def __init__(self, token: str | None = None) -> None:
+        self.token = token or uuid.uuid4().hex
+        self._event = threading.Event()
+        self._settled = 0
+        _DRAINS[self.token] = self
+
+    def request(self) -> None:
+        """Stop reading: no new pull starts; what was read is processed and written."""
+        self._event.set()
+
+    @property
+    def requested(self) -> bool:
+        return self._event.is_set()
+
+    def settle(self, quiescent: bool) -> int:
+        """Record one check of the drained pipeline; the number of quiescent checks in a row."""
+        self._settled = self._settled + 1 if quiescent else 0
+        return self._settled
+
+    def wait(self, timeout_s: float) -> bool:
+        """Block up to ``timeout_s`` or until requested; returns whether it was requested."""
+        return self._event.wait(timeout_s)
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return _drain_by_token, (self.token,)
+
+
+class DrainableLocalRead(_DirectReadFromPubSub):
+    """The direct runner's native Pub/Sub read, stoppable by ``drain``.
+
+    Takes the same arguments as ``ReadFromPubSub`` (always ``with_attributes=True``), plus the
+    ``Drain``. Only for Beam's local runners; ``fanin.io.pubsub.ReadMessages`` picks it there.
+    """
+
+    def __init__(self, drain: Drain, subscription: str | None = None,
+                 topic: str | None = None) -> None:
+        super().__init__(ReadFromPubSub(subscription=subscription, topic=topic,
+                                        with_attributes=True)._source)
+        self.drain = drain
+
+    def expand(self, pbegin: PBegin) -> PCollection:
+        return PCollection(pbegin.pipeline, is_bounded=False)
+
+
+class _IdlePollingClient:
+    """A subscriber client whose ``pull`` returns at once and, when nothing came, waits up to
+    0.2 s (returning early on a drain request) instead of holding the pull open for 30 s."""
+
+    def __init__(self, client: Any, drain: Drain) -> None:
+        self._client = client
+        self._drain = drain
+
+    def pull(self, subscription: str, max_messages: int, timeout: float) -> Any:
+        response = self._client.pull(subscription=subscription, max_messages=max_messages,
+                                     return_immediately=True, timeout=timeout)
+        if not response.received_messages:
+            self._drain.wait(_IDLE_WAIT_S)
+        return response
+
+    def acknowledge(self, subscription: str, ack_ids: list[str]) -> None:
+        self._client.acknowledge(subscription=subscription, ack_ids=ack_ids)
+
+
+class _DrainableReadEvaluator(_PubSubReadEvaluator):
+    """``_PubSubReadEvaluator`` that, once drained, pulls nothing more and finishes in two steps.
+
+    1. The source's watermark is held at the global window's last instant (``_END``), so every
+       event-time timer of the join (all set at or before it) fires while the output writes
+       can still take what they emit.
+    2. Once the rest of the pipeline is quiescent there (every step's input watermark at
+       ``_END``, no pending bundle, no fired timer in progress) on ``_SETTLED_CHECKS`` checks
+       in a row, the hold is released: no residual bundle, so the watermark reaches the end of
+       time, the writes fire their last panes and the pipeline finishes.
+
+    Step 2 waits because Beam's direct runner does not hold a stateful step's output watermark
+    for its pending timers: releasing at once would let the writes' global window expire
+    before the joins' deadline closes reach them (they would be dropped).
+    """
+
+    def _get_subscriber_client(self, transform: Any) -> Any:  # type: ignore[override]
+        client = super()._get_subscriber_client(transform)
+        return _IdlePollingClient(client, transform.transform.drain)
+
+    def _quiescent(self) -> bool:
+        """No bundle pending, no fired timer in progress, and every step's input watermark at
+        ``_END`` or at a hold of a step that keeps elements for its last pane (the writes'
+        grouping, which fires when the watermark reaches the end of time)."""
+        manager = self._evaluation_context._watermark_manager
+        others = [watermarks for transform, watermarks in manager._transform_to_watermarks.items()
+                  if transform is not self._applied_ptransform]
+        holds = [hold for w in others for hold in w._keyed_earliest_holds.values()]
+        floor = min([_END, *holds])
+        return all(w.input_watermark >= floor and not w._pending and not w._fired_timers
+                   for w in others)
+
+    def finish_bundle(self) -> TransformResult:
+        drain: Drain = self._applied_ptransform.transform.drain
+        if not drain.requested:
+            return super().finish_bundle()
+        if drain.settle(self._quiescent()) >= _SETTLED_CHECKS:
+            return TransformResult(self, [], [], None, {None: MAX_TIMESTAMP})
+        time.sleep(_IDLE_WAIT_S / 2)  # let the timers fire before the next check
+        residual = self._evaluation_context.create_bundle(
+            PBegin(self._applied_ptransform.transform.pipeline))
+        return TransformResult(self, [], [residual], None, {None: _END})
+
+
+TransformEvaluatorRegistry._test_evaluators_overrides[DrainableLocalRead] = (
+    _DrainableReadEvaluator)
+
+
+@contextlib.contextmanager
+def drain_on_signals(drain: Drain, log: logging.Logger) -> Iterator[None]:
+    """While inside, the first SIGINT or SIGTERM requests ``drain`` (logged, one line); a
+    second one aborts: one line logged and ``SystemExit(130)`` (the joins still open are lost;
+    no traceback). Handlers are installed only in the main thread and restored on exit."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handle(signum: int, _frame: Any) -> None:
+        if drain.requested:
+            log.error("fanin: %s again: aborted; joins still open were not written",
+                      signal.Signals(signum).name)
+            raise SystemExit(130)
+        drain.request()
+        log.warning("fanin: %s: draining: reading stopped; open joins close as at their "
+                    "deadline and every output is written before exit (signal again to abort "
+                    "and lose them)", signal.Signals(signum).name)
+
+    previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

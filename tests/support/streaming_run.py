@@ -1,0 +1,74 @@
+"""A streaming ``fanin run`` as a user starts it: a child process, its outputs read while it runs.
+
+``FaninRun(args, folder)`` starts ``python -m fanin.cli run ARGS`` (stdout/stderr to files in
+``folder``) in its own process group; ``until(condition, timeout_s)`` polls while it runs;
+``signal(sig)`` and ``wait(timeout_s)`` stop it; ``stop()`` kills what is left (always called,
+in a ``finally``). ``read_outputs(OUTPUT, kind)`` parses the finished ``*.jsonl`` files of
+``OUTPUT/<kind>/``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from support.emulator import wait_for
+
+__all__ = ["FaninRun", "read_outputs"]
+
+
+def read_outputs(output: Path, kind: str) -> list[dict[str, Any]]:
+    """Every line of the finished JSONL files in ``output/kind`` (hidden temporaries skipped)."""
+    folder = output / kind
+    if not folder.is_dir():
+        return []
+    rows = []
+    for path in sorted(folder.glob("*.jsonl")):
+        rows.extend(json.loads(line) for line in path.read_text().splitlines())
+    return rows
+
+
+class FaninRun:
+    """One ``fanin run`` child process."""
+
+    def __init__(self, args: list[str], folder: Path, env: dict[str, str] | None = None) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        self.stdout_path = folder / "stdout.txt"
+        self.stderr_path = folder / "stderr.txt"
+        with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "fanin.cli", "run", *args], stdout=out, stderr=err,
+                stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})},
+                start_new_session=True)
+
+    def signal(self, sig: int = signal.SIGINT) -> None:
+        self.process.send_signal(sig)
+
+    def wait(self, timeout_s: float) -> int:
+        """The exit code; ``subprocess.TimeoutExpired`` if it is still running after the wait."""
+        return self.process.wait(timeout=timeout_s)
+
+    @property
+    def running(self) -> bool:
+        return self.process.poll() is None
+
+    def until(self, condition: Callable[[], Any], timeout_s: float) -> bool:
+        """Poll ``condition`` until it holds (True), the process exits or ``timeout_s`` passes
+        (False)."""
+        return bool(wait_for(lambda: condition() or not self.running, timeout_s, 0.2)
+                    and condition())
+
+    def stderr(self) -> str:
+        return self.stderr_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        """Kill the process group if anything of it is still running."""
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=30)
