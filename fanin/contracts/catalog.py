@@ -3,7 +3,9 @@
 Guarantees:
 - ``load_contracts`` reads YAML with a safe loader from a local path or any path Beam's
   FileSystems read; a bad file raises ``ContractsError`` whose message names the file, the
-  contract (by name or position) and the field.
+  contract (by name or position) and the field. A schema must be valid draft 2020-12 and
+  every ``$ref`` in it must resolve within it: an unresolvable or remote reference is refused
+  here, at load, and nothing is ever fetched (``fanin.contracts.schemas``).
 - ``Catalog.definition`` resolves each of ``required``, ``optional``, ``deadline_s``,
   ``allow_partial``, ``fail_fast`` from the open, else the contract, else the defaults; and
   ``close_trigger``, ``retention_s`` and ``schemas`` from the contract, else the defaults. Equal
@@ -17,10 +19,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import jsonschema
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from fanin.contracts.schemas import check_schema, validator_for
 from fanin.contracts.timefmt import duration_ms
 
 __all__ = [
@@ -67,11 +69,9 @@ class Contract(BaseModel):
     def _valid_schemas(cls, value: dict[str, Any]) -> dict[str, Any]:
         for key, schema in value.items():
             try:
-                jsonschema.Draft202012Validator.check_schema(schema)
-            except jsonschema.SchemaError as exc:
-                raise ValueError(
-                    f"schema for key {key!r} is not a valid JSON Schema: {exc.message}"
-                ) from None
+                check_schema(schema)
+            except ValueError as exc:
+                raise ValueError(f"schema for key {key!r}: {exc}") from None
         return value
 
     @model_validator(mode="after")
@@ -142,8 +142,7 @@ class Catalog:
         self.defaults = defaults or JoinDefaults()
         self._definitions: dict[tuple[Any, ...], Definition] = {}
         self._validators: dict[str, dict[str, Any]] = {
-            name: {key: jsonschema.Draft202012Validator(schema)
-                   for key, schema in contract.schemas.items()}
+            name: {key: validator_for(schema) for key, schema in contract.schemas.items()}
             for name, contract in self.contracts.items()
         }
 

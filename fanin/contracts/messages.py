@@ -8,6 +8,7 @@ Guarantees:
   that kind.
 - An explicit JSON ``null`` for an optional field means the same as leaving the field out.
 - Times are returned as integer epoch milliseconds (see ``timefmt``).
+- ``attempt`` is an integer from 1 to ``MAX_ATTEMPT`` (2**63 - 1).
 """
 
 from __future__ import annotations
@@ -18,7 +19,12 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstr
 
 from fanin.contracts.timefmt import parse_rfc3339
 
-__all__ = ["OpenMessage", "ReceiptMessage", "Status"]
+__all__ = ["MAX_ATTEMPT", "OpenMessage", "ReceiptMessage", "Status"]
+
+# The largest ``attempt``: a signed 64-bit integer, the type of the attempt columns of the
+# Parquet files, the BigQuery tables (INT64) and DuckDB (BIGINT). A larger one is refused at
+# parse time (``invalid_message``), so every output can hold every accepted attempt.
+MAX_ATTEMPT = 2**63 - 1
 
 Status = Literal["ok", "error", "timeout", "skipped"]
 
@@ -66,4 +72,4 @@ class ReceiptMessage(_Message):
     key: str | None = None
     value: Any = None
     error: str | None = None
-    attempt: Annotated[int, Field(ge=1)] | None = None
+    attempt: Annotated[int, Field(ge=1, le=MAX_ATTEMPT)] | None = None

@@ -20,7 +20,7 @@ from pydantic import ValidationError
 
 from fanin.contracts import records as R
 from fanin.contracts.jsonvalue import JSONRefused, canonical, encode_str, loads_strict
-from fanin.contracts.messages import OpenMessage, ReceiptMessage
+from fanin.contracts.messages import MAX_ATTEMPT, OpenMessage, ReceiptMessage
 from fanin.contracts.timefmt import duration_ms, format_ms, parse_rfc3339
 
 __all__ = ["DEFAULT_MAX_BYTES", "ERRORS", "Source", "dead_letter", "parse_message",
@@ -146,7 +146,7 @@ def _fast_receipt(obj: dict[str, Any], text: str, source: Source) -> R.Record | 
             and _optional_str(get("key")) and _optional_str(get("error"))
             and _optional_str(get("run_id")) and _optional_str(get("message_id"))
             and (contract is None or (type(contract) is str and contract))
-            and (attempt is None or (type(attempt) is int and attempt >= 1))
+            and (attempt is None or (type(attempt) is int and 1 <= attempt <= MAX_ATTEMPT))
             and _optional_str(opened)):
         return None
     try:

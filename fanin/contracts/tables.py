@@ -32,8 +32,9 @@ Schema decision (why these shapes):
 
 Guarantees:
 - Column order and types are constants of this module: the same on every run and machine.
-- ``to_row`` is strict and lossless: a missing or unexpected key, a wrong JSON type or a
-  malformed time raises ``ValueError`` naming the field; every input field lands in a column.
+- ``to_row`` is strict and lossless: a missing or unexpected key, a wrong JSON type, an
+  integer beyond 64 bits or a malformed time raises ``ValueError`` naming the field; every
+  input field lands in a column.
   Only the dead letter's ``detail`` and ``raw_base64`` may be absent (then NULL).
   Rows hold plain Python values with timestamps as epoch milliseconds (``int``).
 - Parquet files are written by ``fanin.io.parquet.write_parquet`` with these schemas; closes
@@ -168,6 +169,18 @@ def _json_text(value: Any) -> str:
                       allow_nan=False)
 
 
+_INT64 = 2**63
+
+
+def _int64(value: Any, path: str) -> int:
+    """``value`` if it is an integer that fits a signed 64-bit column (every integer column)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{path}: expected an integer")
+    if not -_INT64 <= value < _INT64:
+        raise ValueError(f"{path}: integer out of the 64-bit range")
+    return value
+
+
 def _convert(field: pa.Field, value: Any, path: str) -> Any:
     """Check ``value`` against ``field`` and map it to the row representation."""
     typ = field.type
@@ -191,9 +204,7 @@ def _convert(field: pa.Field, value: Any, path: str) -> Any:
             raise ValueError(f"{path}: expected a string")
         return value
     if pa.types.is_integer(typ):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"{path}: expected an integer")
-        return value
+        return _int64(value, path)
     if pa.types.is_list(typ):
         if not isinstance(value, list):
             raise ValueError(f"{path}: expected a list")

@@ -1,0 +1,97 @@
+"""JSON Schema validators of contract ``schemas`` (draft 2020-12) that never fetch and never
+raise on a value.
+
+Guarantees:
+- ``check_schema(schema)`` raises ``ValueError`` (one line) for an invalid schema, or one with
+  a ``$ref``/``$dynamicRef`` that does not resolve inside the schema itself or to a JSON Schema
+  meta-schema (a remote ``https://`` ref is refused, never fetched).
+- ``validator_for(schema)`` resolves references only inside the schema (and the meta-schemas):
+  nothing is ever retrieved from the network (jsonschema's default registry would fetch).
+- ``multipleOf`` never raises: when a number is too large for a double (an integer of
+  hundreds of digits against a fractional divisor), it is checked exactly against the
+  divisor's double value with fractions (jsonschema's own fallback when the float quotient
+  overflows), so such a number is almost always a violation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from fractions import Fraction
+from typing import Any
+from urllib.parse import urljoin
+
+import jsonschema
+from jsonschema import validators
+from jsonschema_specifications import REGISTRY as SPECIFICATIONS
+from referencing import Registry, Resource
+from referencing.exceptions import NoSuchResource, Unresolvable
+from referencing.jsonschema import DRAFT202012
+
+__all__ = ["check_schema", "validator_for"]
+
+_BASE = jsonschema.Draft202012Validator
+_REF_KEYS = ("$ref", "$dynamicRef")
+_DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples"})  # values, not schemas
+
+
+def _refuse(uri: str) -> Resource:
+    raise NoSuchResource(ref=uri)
+
+
+def _multiple_of(validator: Any, divisor: Any, instance: Any, schema: Any) -> Iterator[Any]:
+    try:
+        yield from _BASE.VALIDATORS["multipleOf"](validator, divisor, instance, schema)
+    except OverflowError:  # int / float beyond a double's range
+        if (Fraction(instance) / Fraction(divisor)).denominator != 1:
+            yield jsonschema.ValidationError(f"a number beyond double range is not a multiple "
+                                             f"of {divisor!r}")
+
+
+_Validator = validators.extend(_BASE, {"multipleOf": _multiple_of})
+
+
+def _registry(schema: Any) -> tuple[Registry, str]:
+    """A registry holding only ``schema`` (and the meta-schemas) that retrieves nothing, and
+    the schema's base URI."""
+    base = schema.get("$id", "") if isinstance(schema, dict) else ""
+    resource = Resource.from_contents(schema, default_specification=DRAFT202012)
+    registry = SPECIFICATIONS.combine(Registry(retrieve=_refuse))  # type: ignore[call-arg]
+    return registry.with_resource(base, resource).crawl(), base
+
+
+def validator_for(schema: Any) -> Any:
+    """A draft 2020-12 validator of ``schema`` that never fetches and never raises."""
+    registry, _ = _registry(schema)
+    return _Validator(schema, registry=registry)
+
+
+def _refs(node: Any, base: str) -> Iterator[str]:
+    """Every reference in ``node`` made absolute against the ``$id``s around it."""
+    if isinstance(node, dict):
+        if isinstance(node.get("$id"), str):
+            base = urljoin(base, node["$id"])
+        for key, value in node.items():
+            if key in _REF_KEYS and isinstance(value, str):
+                yield urljoin(base, value)
+            elif key not in _DATA_KEYWORDS:
+                yield from _refs(value, base)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _refs(item, base)
+
+
+def check_schema(schema: Any) -> None:
+    """Raise ``ValueError`` if ``schema`` is invalid or has a reference that does not resolve
+    locally."""
+    try:
+        _BASE.check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        raise ValueError(f"not a valid JSON Schema: {exc.message}") from None
+    registry, base = _registry(schema)
+    resolver = registry.resolver(base)
+    for ref in _refs(schema, base):
+        try:
+            resolver.lookup(ref)
+        except Unresolvable:
+            raise ValueError(f"$ref {ref!r} does not resolve within the schema (remote "
+                             "references are not fetched)") from None

@@ -1,0 +1,132 @@
+"""Issue 13, items 4-7: one hostile but valid message or one ordinary setting never crashes a
+run. Each is a dead letter, a conflict, or one line on stderr with exit code 2."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fanin.cli import main
+from tests.reliability.runs import KINDS, accounted, messages, parquet_rows, run_cli, write_lines
+
+HUGE = "9" * 400
+CONTRACTS = """
+contracts:
+  - name: money
+    required: [pay]
+    schemas:
+      amount: {multipleOf: 0.01}
+"""
+
+
+def _open(join_id: str, **fields: Any) -> str:
+    return json.dumps({"kind": "open", "join_id": join_id,
+                       "opened_at": "2026-01-01T00:00:00Z", **fields})
+
+
+def _receipt(join_id: str, branch: str, raw_value: str = "1", **fields: Any) -> str:
+    body = json.dumps({"join_id": join_id, "branch": branch, "status": "ok",
+                       "event_time": "2026-01-01T00:00:01Z", **fields})
+    return body[:-1] + f',"value":{raw_value}}}'
+
+
+def _one_error_line(capsys: pytest.CaptureFixture[str], prefix: str) -> str:
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(prefix) and "\n" not in err and "Traceback" not in err, err
+    return err
+
+
+@pytest.mark.parametrize("mode", [[], ["--replay"]], ids=["bounded", "replay"])
+def test_a_huge_number_against_multiple_of_is_a_schema_violation(tmp_path: Path,
+                                                                  mode: list[str]) -> None:
+    contracts = tmp_path / "contracts.yaml"
+    contracts.write_text(CONTRACTS)
+    lines = [_open("big", contract="money"), _receipt("big", "pay", HUGE, key="amount"),
+             _open("fine", required=["a"]), _receipt("fine", "a")]
+    found = run_cli(lines, tmp_path, "--contracts", str(contracts), *mode)
+    closes = {c["join_id"]: c for c in found["closes"]}
+    assert closes["fine"]["reason"] == "complete"
+    assert [c["kind"] for c in closes["big"]["conflicts"]] == ["schema_violation"]
+    assert accounted(found) == messages(lines)
+
+
+@pytest.mark.parametrize("ref", ["#/$defs/nope", "https://example.com/schemas/amount.json",
+                                 "other.json#/x"])
+def test_a_contract_with_an_unresolvable_ref_is_refused_at_load(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        ref: str) -> None:
+    def no_fetch(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError(f"fetched {args}")
+
+    monkeypatch.setattr(urllib.request, "urlopen", no_fetch)
+    contracts = tmp_path / "contracts.yaml"
+    contracts.write_text(CONTRACTS.replace("{multipleOf: 0.01}", json.dumps({"$ref": ref})))
+    traffic = write_lines(tmp_path / "in.jsonl", [_open("j", contract="money")])
+    code = main(["run", "--input", str(traffic), "--output", str(tmp_path / "out"),
+                 "--contracts", str(contracts)])
+    assert code == 2
+    err = _one_error_line(capsys, "fanin: error: ")
+    assert "'money'" in err and "amount" in err and ref in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_local_ref_still_validates(tmp_path: Path) -> None:
+    contracts = tmp_path / "contracts.yaml"
+    contracts.write_text(CONTRACTS.replace(
+        "{multipleOf: 0.01}", '{"$defs": {"cents": {"multipleOf": 0.01}}, '
+        '"$ref": "#/$defs/cents"}'))
+    lines = [_open("a", contract="money"), _receipt("a", "pay", "0.015", key="amount")]
+    found = run_cli(lines, tmp_path, "--contracts", str(contracts))
+    assert [c["kind"] for c in found["closes"][0]["conflicts"]] == ["schema_violation"]
+
+
+def test_an_attempt_beyond_64_bits_is_a_dead_letter_and_every_tool_works(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    lines = [_open("j", required=["a"]), _receipt("j", "a", attempt=1180591620717411303424),
+             _receipt("j", "a", attempt=2**63 - 1)]
+    found = run_cli(lines, tmp_path, "--format", "jsonl", "--format", "parquet")
+    (dead,) = found["dead_letter"]
+    assert dead["error"] == "invalid_message" and "attempt" in dead["detail"]
+    (close,) = found["closes"]
+    assert close["branches"]["a"]["attempt"] == 2**63 - 1
+    assert parquet_rows(tmp_path / "out") == {k: len(found[k]) for k in KINDS}
+    out = str(tmp_path / "out")
+    capsys.readouterr()
+    assert main(["query", out, "select max(branches[1].attempt) as a from closes",
+                 "--format", "csv"]) == 0
+    assert capsys.readouterr().out.split() == ["a", str(2**63 - 1)]
+    assert main(["report", out]) == 0
+
+
+def test_query_and_report_refuse_an_integer_beyond_64_bits_in_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    found = run_cli([_open("j", required=["a"]), _receipt("j", "a")], tmp_path)
+    closes = found["closes"]
+    closes[0]["branches"]["a"]["attempt"] = 1180591620717411303424  # a file from elsewhere
+    (path,) = (tmp_path / "out" / "closes").glob("*.jsonl")
+    path.write_text(json.dumps(closes[0]) + "\n")
+    for argv in (["query", str(tmp_path / "out"), "select * from closes"],
+                 ["report", str(tmp_path / "out")]):
+        capsys.readouterr()
+        assert main(argv) == 2
+        assert "64-bit" in _one_error_line(capsys, f"fanin {argv[0]}: error: ")
+
+
+@pytest.mark.parametrize("case", ["output_is_a_file", "closes_is_a_file_with_overwrite",
+                                  "closes_is_a_file"])
+def test_an_output_path_that_is_a_file_is_one_line(tmp_path: Path, case: str,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    traffic = write_lines(tmp_path / "in.jsonl", [_open("j", required=["a"])])
+    out = tmp_path / "out"
+    if case == "output_is_a_file":
+        out.write_text("not a folder\n")
+    else:
+        out.mkdir()
+        (out / "closes").write_text("not a folder\n")
+    extra = ["--overwrite"] if case.endswith("overwrite") else []
+    assert main(["run", "--input", str(traffic), "--output", str(out), *extra]) == 2
+    assert "is a file, not a folder" in _one_error_line(capsys, "fanin: error: ")
