@@ -18,9 +18,12 @@ Guarantees:
   output is ever behind it) and a shard's pending lines are written as one file when
   ``pane_lines`` of them are pending or ``window_s`` seconds of processing time passed since
   the first of them, and the rest when the input ends (end of a replay, drain). Each firing
-  is a pane of the global window: the file is ``<kind>-all-p<pane index>-s<shard>``. The pane
-  index is assigned by the runner's GroupByKey and is part of its committed output, so a
+  is a pane of the global window: the file is ``<kind>-<job token>-p<pane index>-s<shard>``.
+  The pane index is assigned by the runner's GroupByKey and is part of its committed output,
+  and the job token is fixed when the job is built (it travels in the pickled DoFn), so a
   retried write bundle rewrites the same name with the same lines (idempotent within a job).
+  The token differs per launch: a replacement job (drain, then launch; or ``--update``, whose
+  pane indices go on) never overwrites an earlier job's files.
 """
 
 from __future__ import annotations
@@ -42,14 +45,20 @@ from apache_beam.utils.windowed_value import WindowedValue
 
 from fanin.io.files import atomic_move, atomic_write
 
-__all__ = ["FORMATS", "WriteOutput"]
+__all__ = ["FORMATS", "WriteOutput", "new_token"]
 
 FORMATS = ("jsonl", "parquet")
 
 
-def _base_name(kind: str, pane_index: int, shard: int) -> str:
-    """An output file's name without suffix; bounded runs write pane 0 of each shard."""
-    return f"{kind}-all-p{pane_index:04d}-s{shard:03d}"
+def new_token() -> str:
+    """A fresh job token: 12 random hexadecimal digits."""
+    return uuid.uuid4().hex[:12]
+
+
+def _base_name(kind: str, pane_index: int, shard: int, run: str = "all") -> str:
+    """An output file's name without suffix: bounded runs write pane 0 of each shard as
+    ``run`` ``all``; streaming runs name ``run`` by the job token."""
+    return f"{kind}-{run}-p{pane_index:04d}-s{shard:03d}"
 
 
 def _write_lines(path: str, lines: list[str]) -> None:
@@ -76,10 +85,11 @@ def _write_shard(folder: str, kind: str, formats: Sequence[str], base: str,
 class _WriteFiles(beam.DoFn):
     """Streaming: one file set per pane and shard."""
 
-    def __init__(self, folder: str, kind: str, formats: Sequence[str]) -> None:
+    def __init__(self, folder: str, kind: str, formats: Sequence[str], token: str) -> None:
         self._folder = folder
         self._kind = kind
         self._formats = tuple(formats)
+        self._token = token
 
     def process(self, element: tuple[int, Iterable[str]],
                 pane: Any = beam.DoFn.PaneInfoParam) -> Iterable[str]:
@@ -88,7 +98,8 @@ class _WriteFiles(beam.DoFn):
         if not ordered:
             return
         yield from _write_shard(self._folder, self._kind, self._formats,
-                                _base_name(self._kind, pane.index, shard), ordered)
+                                _base_name(self._kind, pane.index, shard, self._token),
+                                ordered)
 
 
 class _SpillBundles(beam.DoFn):
@@ -202,12 +213,14 @@ class WriteOutput(beam.PTransform):
 
     Streaming: ``window_s`` (rounded up to whole seconds) is the longest a line waits
     (processing time) before its file is written, ``pane_lines`` the most lines of one shard held
-    before a file is written.
+    before a file is written. ``token`` (letters and digits; default: random per instance)
+    names this job's files (streaming) and temporary files (bounded); give the job's outputs
+    one token.
     """
 
     def __init__(self, folder: str, kind: str, formats: Sequence[str] = ("jsonl",),
                  streaming: bool = False, window_s: float = 60.0, shards: int = 1,
-                 pane_lines: int = 10_000) -> None:
+                 pane_lines: int = 10_000, token: str | None = None) -> None:
         super().__init__()
         unknown = set(formats) - set(FORMATS)
         if unknown or not formats:
@@ -217,7 +230,9 @@ class WriteOutput(beam.PTransform):
         self._folder, self._kind, self._formats = folder, kind, tuple(formats)
         self._streaming, self._window_s, self._shards = streaming, window_s, shards
         self._pane_lines = pane_lines
-        self._token = uuid.uuid4().hex[:12]  # names this run's temporary files (bounded)
+        if token is not None and not (token.isascii() and token.isalnum()):
+            raise ValueError(f"token must be letters and digits, got {token!r}")
+        self._token = token or new_token()
 
     def expand(self, pcoll: beam.PCollection) -> beam.PCollection:
         if not self._streaming:
@@ -241,5 +256,6 @@ class WriteOutput(beam.PTransform):
                 accumulation_mode=trigger.AccumulationMode.DISCARDING)
             | "Encode" >> beam.Map(_encode, self._shards).with_output_types(tuple[int, str])
             | "GroupShards" >> beam.GroupByKey()
-            | "WriteFiles" >> beam.ParDo(_WriteFiles(self._folder, self._kind, self._formats))
+            | "WriteFiles" >> beam.ParDo(_WriteFiles(self._folder, self._kind, self._formats,
+                                                     self._token))
         )

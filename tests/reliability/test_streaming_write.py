@@ -54,7 +54,8 @@ def test_every_output_is_written_once_whatever_its_event_time(
     folder = tmp_path_factory.mktemp("write")  # type: ignore[attr-defined]
     n = _run(folder, script, pane_lines, shards)
     files = sorted(folder.iterdir())
-    assert all(re.fullmatch(r"late-all-p\d{4,}-s\d{3}\.jsonl", f.name) for f in files), files
+    name = re.compile(r"late-[0-9a-f]{12}-p\d{4,}-s\d{3}\.jsonl")  # job token, pane, shard
+    assert all(name.fullmatch(f.name) for f in files), files
     ids = [json.loads(line)["join_id"] for f in files for line in f.read_text().splitlines()]
     assert sorted(ids) == sorted(f"j{i}" for i in range(n))
     for f in files:  # no empty file, lines sorted
