@@ -12,7 +12,8 @@ invariant (docs/spec.md §4, §5):
 - every late line of a closed join names that close's reason, says ``after_deadline`` exactly
   when its event time is after the deadline, and has an event time after ``closed_at`` —
   unless ``eager`` is set: with the eager trigger a message that *arrived* after the close is
-  late even with an earlier event time, which outputs alone cannot tell apart.
+  late even with an earlier event time (so is, with either trigger, a message that arrived
+  behind the watermark), which outputs alone cannot tell apart.
 
 A join that closed more than once (its tombstone expired) has several closes; its messages
 cannot be told apart by close, so each counted message and late line must fit one of them.

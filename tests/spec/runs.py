@@ -77,11 +77,14 @@ def bounded_run(lines: list[str], folder: Path, contracts_yaml: str, env: Env) -
 
 
 def replay_run(lines: list[str], folder: Path, contracts_yaml: str, env: Env,
-               trigger: str = "watermark") -> Outputs:
-    """``fanin run --replay --close-trigger <trigger>`` on the lines sorted by event time."""
-    data, contracts = _write_inputs(arrival_order(lines, env), folder, contracts_yaml)
+               trigger: str = "watermark", max_disorder_s: float | None = None) -> Outputs:
+    """``fanin run --replay --close-trigger <trigger>`` on the lines sorted by event time, or,
+    with ``max_disorder_s``, in their given order with that watermark lag."""
+    ordered = arrival_order(lines, env) if max_disorder_s is None else lines
+    data, contracts = _write_inputs(ordered, folder, contracts_yaml)
     defaults = dataclasses.replace(env.defaults, close_trigger=trigger)
     run_pipeline(RunConfig(output=str(folder / "out"), inputs=[str(data)], replay=True,
+                           max_disorder_s=max_disorder_s or 0.0,
                            contracts_path=str(contracts), defaults=defaults,
                            max_messages_per_join=env.max_messages_per_join), [])
     return read_output_dir(folder / "out")
