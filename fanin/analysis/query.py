@@ -121,19 +121,20 @@ def _load(con: duckdb.DuckDBPyConnection, kind: str, folder: Path) -> None:
     _check_parquet(kind, parquet)
     if parquet:
         files = ", ".join(_quote(str(p)) for p in parquet)
-        con.execute(f'CREATE TABLE "_{kind}" AS SELECT {columns} FROM '
+        # kind, columns: constants of the schema; files: quoted paths (_quote)
+        con.execute(f'CREATE TABLE "_{kind}" AS SELECT {columns} FROM '  # noqa: S608
                     f"read_parquet([{files}], hive_partitioning = false)")
     else:
         staging = f"_{kind}_jsonl"
         con.register(staging, _read_jsonl(kind, _output_files(folder, ".jsonl")))
-        con.execute(f'CREATE TABLE "_{kind}" AS SELECT {columns} FROM {staging}')
+        con.execute(f'CREATE TABLE "_{kind}" AS SELECT {columns} FROM {staging}')  # noqa: S608
         con.unregister(staging)
     projection = ", ".join(
         f'"{f.name}"::JSON AS "{f.name}"'
         if (f.metadata or {}).get(b"fanin.encoding") == b"json" else f'"{f.name}"'
         for f in sch
     )
-    con.execute(f'CREATE VIEW "{kind}" AS SELECT {projection} FROM "_{kind}"')
+    con.execute(f'CREATE VIEW "{kind}" AS SELECT {projection} FROM "_{kind}"')  # noqa: S608
 
 
 def open_outputs(directory: str | os.PathLike[str]) -> duckdb.DuckDBPyConnection:

@@ -159,7 +159,8 @@ def _fast_receipt(obj: dict[str, Any], text: str, source: Source) -> R.Record | 
                            get("error"), attempt or 1, opened_at)
 
 
-def parse_message(data: bytes | str, source: Source, contracts: Container[str],
+# One flat check per failure kind, each a dead-letter code.
+def parse_message(data: bytes | str, source: Source, contracts: Container[str],  # noqa: C901
                   max_bytes: int = DEFAULT_MAX_BYTES
                   ) -> tuple[R.Record | None, dict[str, Any] | None]:
     """Validate one message. Returns ``(record, None)`` or ``(None, dead_letter)``."""

@@ -441,19 +441,24 @@ class JoinReducer:
             # _fast is non-empty only while the join is defined, so _defn is set here
             if key not in self._defn.validators:  # type: ignore[union-attr]
                 self._n_missing -= role
-                keys = self._keys
-                if keys is _NO_MAP:
-                    if key == name:
-                        return  # its own key: cannot collide while all keys are own keys
-                    keys = self._build_keys(name, None)
-                if key in keys:
-                    self._key_entry(Written(key, record[R_VALUE_CANON]), 1)
-                else:
-                    keys[key] = record[R_VALUE_CANON]
+                if key != name or self._keys is not _NO_MAP:
+                    self._write_key(name, Written(key, record[R_VALUE_CANON]))
+                # else its own key: it cannot collide while all keys are own keys
                 return
         defn = self._defn
         if defn is not None and defn.required is not None:
             self._shift(name, self._contribution(name, None), self._contribution(name, record))
+
+    def _write_key(self, name: str, written: Written) -> None:
+        """Branch ``name``'s first receipt writes ``written`` (its contribution otherwise
+        applied inline by ``add``)."""
+        keys = self._keys
+        if keys is _NO_MAP:
+            keys = self._build_keys(name, None)
+        if written.key in keys:
+            self._key_entry(written, 1)
+        else:
+            keys[written.key] = written.canon
 
     def _note_receipt(self, record: R.Record) -> None:
         """What a receipt says of the join besides its branch: while no open has arrived, the

@@ -288,7 +288,8 @@ class FaninPlugin(BasePlugin):
 
     def _fan_out(self, inv: _Invocation, workflow: str, node: str, route: Any) -> None:
         graph = self._workflows[workflow].graph
-        assert graph is not None  # indexed workflows have a graph
+        if graph is None:
+            raise ValueError(f"workflow {workflow!r} has no graph (only graphs are indexed)")
         possible = {e.to_node.name for e in graph.edges if e.from_node.name == node}
         taken = set(graph.get_next_pending_nodes(node_name=node, routes_to_match=route))
         ctx = self._reporter.open(possible, taken, inv.invocation_id)

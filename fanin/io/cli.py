@@ -76,7 +76,7 @@ def _service() -> str:
     return f"the Pub/Sub emulator at {host} (PUBSUB_EMULATOR_HOST)" if host else "Pub/Sub"
 
 
-def run_publish(args: argparse.Namespace) -> int:
+def run_publish(args: argparse.Namespace) -> int:  # noqa: C901 (one exit per publish outcome the CLI reports)
     """Run ``fanin publish`` for parsed ``args``; returns the exit status."""
     from fanin.io.publish import publish_file
     from fanin.io.pubsub import validate_topic_path

@@ -113,7 +113,8 @@ def direct(streaming: bool, workers: int = 1, multi_process: bool = False) -> li
     return options
 
 
-def dataflow(project: str, region: str, temp_location: str, *, streaming: bool = True,
+# One validation per keyword option.
+def dataflow(project: str, region: str, temp_location: str, *, streaming: bool = True,  # noqa: C901
              exactly_once: bool = True, max_workers: int | None = None,
              num_workers: int | None = None, machine_type: str | None = None,
              service_account: str | None = None, setup_file: str | None = DEFAULT_SETUP_FILE,

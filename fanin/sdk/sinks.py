@@ -349,7 +349,8 @@ class PubSubSink(Sink):
                 late = [n for n in self._in_flight if n <= last]
                 for sequence in late:
                     held = self._release(sequence)
-                    assert held is not None
+                    if held is None:
+                        raise RuntimeError(f"publish {sequence} is in flight but not held")
                     self._failures.append((held.message, TimeoutError(
                         f"not confirmed within flush_timeout_s={self._flush_timeout_s:g}s "
                         "(the publish is still in flight and may yet be delivered)")))

@@ -45,7 +45,8 @@ class _ParseFn(beam.DoFn):
             self._bundle_parsed += 1
             yield record[R.JOIN_ID], record
         else:
-            assert dead is not None
+            if dead is None:
+                raise ValueError("parse_message returns a record or a dead letter")
             Metrics.counter("fanin", f"dead_letter.{dead['error']}").inc()
             yield pvalue.TaggedOutput(DEAD_LETTER, dead)
 
