@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from conftest import make_catalog, open_msg, receipt, records
+from support.builders import make_catalog, open_msg, receipt, records
 
 from fanin.contracts.timefmt import parse_rfc3339
 from fanin.core.closing import Closed, Pending, decide, decide_all

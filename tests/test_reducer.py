@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from conftest import make_catalog, open_msg, receipt, records
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.builders import make_catalog, open_msg, receipt, records
 
 from fanin.core.close import close_object
 from fanin.core.closing import decide_all

@@ -13,7 +13,7 @@ from apache_beam.testing.test_stream import TestStream
 from apache_beam.testing.util import assert_that, equal_to
 from apache_beam.transforms.window import TimestampedValue
 from apache_beam.utils.timestamp import Timestamp
-from conftest import make_catalog, open_msg, receipt
+from support.builders import make_catalog, open_msg, receipt
 
 from fanin.contracts.timefmt import parse_rfc3339
 from fanin.core.outcomes import CLOSES, DEAD_LETTER, LATE
