@@ -24,6 +24,7 @@ from __future__ import annotations
 import base64
 import json
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +74,7 @@ def _late_problem(late: dict[str, Any], time: int, close: dict[str, Any], eager:
     return None
 
 
-def check_run(inputs: list[str | bytes], outputs: dict[str, list[dict[str, Any]]],
+def check_run(inputs: Sequence[str | bytes], outputs: dict[str, list[dict[str, Any]]],
               eager: bool = False) -> None:
     """Assert the invariants of the module docstring for one run."""
     lines = [line.encode("utf-8", "surrogatepass") if isinstance(line, str) else line
@@ -94,7 +95,7 @@ def check_run(inputs: list[str | bytes], outputs: dict[str, list[dict[str, Any]]
             else dead["raw"].encode("utf-8", "surrogatepass")
         assert left[raw] > 0, f"dead letter matches no input line left: {raw[:200]!r}"
         left[raw] -= 1
-    by_object = Counter()
+    by_object: Counter[str] = Counter()
     texts: dict[str, list[bytes]] = defaultdict(list)
     for line, count in left.items():
         parsed = _message(line)

@@ -67,7 +67,7 @@ BASE_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 class Draw(Protocol):
     """The choices a generator makes; each shrinks towards its first / smallest answer."""
 
-    def int(self, lo: int, hi: int) -> int: ...
+    def integer(self, lo: int, hi: int) -> int: ...
     def pick(self, options: list[Any]) -> Any: ...
     def chance(self, percent: int) -> bool: ...
 
@@ -76,7 +76,7 @@ class HypothesisDraw:
     def __init__(self, data: st.DataObject) -> None:
         self._draw = data.draw
 
-    def int(self, lo: int, hi: int) -> int:
+    def integer(self, lo: int, hi: int) -> int:
         return self._draw(st.integers(lo, hi))
 
     def pick(self, options: list[Any]) -> Any:
@@ -90,7 +90,7 @@ class RandomDraw:
     def __init__(self, rnd: random.Random) -> None:
         self._rnd = rnd
 
-    def int(self, lo: int, hi: int) -> int:
+    def integer(self, lo: int, hi: int) -> int:
         return self._rnd.randint(lo, hi)
 
     def pick(self, options: list[Any]) -> Any:
@@ -103,7 +103,7 @@ class RandomDraw:
 def _time(d: Draw, base: int) -> str:
     """A time in the join's first minute: whole seconds, sometimes 1 ms off (ties and
     deadline edges)."""
-    ms = d.int(0, 50) * 1000
+    ms = d.integer(0, 50) * 1000
     if d.chance(15):
         ms += d.pick([1, -1, 500])
     return rfc3339(base + max(ms, 0))
@@ -169,10 +169,10 @@ def join_messages(d: Draw, join_id: str, base: int = BASE_MS) -> list[dict[str, 
             msgs.append(copy)
         else:
             msgs.append(_open(d, join_id, base, len(msgs)))
-    for _ in range(d.int(0, 7)):
+    for _ in range(d.integer(0, 7)):
         msgs.append(_receipt(d, join_id, base, len(msgs)))
     receipts = [m for m in msgs if m.get("kind") != "open"]
-    for _ in range(d.int(0, 3) if receipts else 0):
+    for _ in range(d.integer(0, 3) if receipts else 0):
         source = d.pick(receipts)
         how = d.pick(["redelivery", "retry", "changed", "copy_later"])
         copy = dict(source)
@@ -197,5 +197,5 @@ def batch_lines(d: Draw, joins: int, spacing_ms: int = 100) -> list[str]:
                 for i in range(joins)]
     lines: list[str] = []
     while live := [msgs for msgs in per_join if msgs]:
-        lines.append(live[d.int(0, len(live) - 1)].pop(0))
+        lines.append(live[d.integer(0, len(live) - 1)].pop(0))
     return lines

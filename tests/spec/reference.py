@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -177,10 +178,11 @@ def definition(msgs: list[Msg], env: Env) -> Definition:
     receipts = [m for m in msgs if m.kind == "receipt"]
     first = min(opens, key=lambda m: (m.time, m.canon)) if opens else None
     names = {m.contract for m in msgs if m.contract is not None}
+    contract: str | None = None
     if first is not None and first.contract is not None:
         contract = first.contract
-    else:
-        contract = min(names) if names else None
+    elif names:
+        contract = min(names)
     spec = env.contracts.get(contract) if contract is not None else None
     dflt = env.defaults
 
@@ -522,7 +524,7 @@ def join_outputs(msgs: list[Msg], env: Env) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
-def parse_lines(lines: list[str | bytes], env: Env
+def parse_lines(lines: Sequence[str | bytes], env: Env
                 ) -> tuple[dict[str, list[Msg]], list[dict[str, Any]]]:
     """Valid messages by join id, and the dead letters of the invalid lines."""
     by_join: dict[str, list[Msg]] = defaultdict(list)
@@ -539,7 +541,7 @@ def parse_lines(lines: list[str | bytes], env: Env
     return by_join, dead
 
 
-def reference_outputs(lines: list[str | bytes], env: Env) -> dict[str, list[dict[str, Any]]]:
+def reference_outputs(lines: Sequence[str | bytes], env: Env) -> dict[str, list[dict[str, Any]]]:
     """The three outputs of a bounded run over ``lines`` (dead letters as ``{error, raw}``)."""
     by_join, dead = parse_lines(lines, env)
     out: dict[str, list[dict[str, Any]]] = {"closes": [], "late": [], "dead_letter": dead}

@@ -74,7 +74,7 @@ def assert_same(lines: list[str], env: Env, found: dict[str, dict[str, list[Any]
 @given(st.data())
 def test_core_equals_reference(data: st.DataObject) -> None:
     draw = HypothesisDraw(data)
-    lines = batch_lines(draw, joins=draw.int(1, 3), spacing_ms=draw.pick([0, 3000]))
+    lines = batch_lines(draw, joins=draw.integer(1, 3), spacing_ms=draw.pick([0, 3000]))
     assert_same(lines, ENV, {"core": core_run(lines, ENV)})
 
 
