@@ -41,6 +41,7 @@ ERRORS = (
     "unknown_contract",
     "undefined_join",
     "join_too_large",
+    "internal_error",  # the core failed on the message's join (fanin.transforms.join)
 )
 
 

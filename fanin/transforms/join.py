@@ -13,6 +13,12 @@
 
 Metrics (namespace ``fanin``): ``closes.<reason>``, ``late.<reason>``,
 ``dead_letter.<error>``, distribution ``close.latency_ms``.
+
+Poison-proof: an exception raised by the core while folding, deciding or encoding one join
+(every such call goes through ``_core``) does not fail the bundle, which a runner would retry
+forever in a stream. The records that join holds (and the one arriving) go to ``dead_letter``
+with error ``internal_error`` (``detail``: the exception's type and first line), the join's
+state is cleared, the counter ``dead_letter.internal_error`` grows, and the run goes on.
 """
 
 from __future__ import annotations
@@ -21,8 +27,8 @@ import functools
 import logging
 import random
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
 
 import apache_beam as beam
 from apache_beam import pvalue
@@ -50,10 +56,12 @@ from fanin.core.reducer import JoinReducer
 __all__ = ["DEFAULT_MAX_BYTES_PER_JOIN", "JoinDoFn", "JoinRecords"]
 
 _LOG = logging.getLogger(__name__)
+_T = TypeVar("_T")
 _UNDEFINED = ("no required branches from the open, its contract or the defaults by the "
               "deadline")
 _TOO_LARGE = ("the join holds max_messages_per_join messages or max_bytes_per_join bytes of "
               "messages already")
+_INTERNAL = "internal_error"
 # Dataflow refuses elements over ~80 MB and key commits over ~180 MB. A record in state takes
 # ~4x its message's bytes (text, parsed value, canonical JSON: measured 3.8-4.0x), and a close
 # carries its accepted values: 16 MiB of messages keeps a join's bag additions plus its close
@@ -84,6 +92,37 @@ _LATENCY = Metrics.distribution("fanin", "close.latency_ms")
 @functools.lru_cache(maxsize=256)
 def _counter(name: str) -> Any:
     return Metrics.counter("fanin", name)
+
+
+class _JoinFailed(Exception):
+    """The core raised for one join (the original exception is the cause)."""
+
+
+def _core(call: Callable[..., _T], *args: Any) -> _T:
+    """``call(*args)`` (folding, deciding or encoding one join); any exception it raises
+    becomes ``_JoinFailed``, which poisons that join only."""
+    try:
+        return call(*args)
+    except _JoinFailed:
+        raise
+    except Exception as exc:
+        raise _JoinFailed(exc) from exc
+
+
+def _all(produce: Callable[..., Iterable[_T]], *args: Any) -> list[_T]:
+    """Every item ``produce(*args)`` yields (for ``_core``: built whole, or not at all)."""
+    return list(produce(*args))
+
+
+def _internal_errors(records: Iterable[R.Record], failed: _JoinFailed
+                     ) -> list[tuple[str, dict[str, Any]]]:
+    """The ``internal_error`` dead letters of a poisoned join's records."""
+    cause = failed.__cause__
+    first = (str(cause).splitlines() or [""])[0][:200]
+    detail = f"{type(cause).__name__}: {first}" if first else type(cause).__name__
+    _LOG.warning("fanin: a join failed in the core (%s); its records go to dead_letter",
+                 type(cause).__name__)
+    return list(rejected_outputs(records, _INTERNAL, detail))
 
 
 class _Counting(beam.DoFn):
@@ -161,28 +200,35 @@ class _CloseGroups(_Counting):
         join if an undefined join was decided before it, else it is ``join_too_large``."""
         _, grouped = element
         pending = list(grouped)
+        overflow: list[R.Record] = []
         emit = self._emit
-        while pending:
-            overflow: list[R.Record] = []
-            # UTF-8 takes at most 4 bytes a character: count bytes only when they may not fit
-            if len(pending) > self._max_messages or \
-                    4 * sum(len(r[R.RAW]) for r in pending) > self._max_bytes:
-                pending.sort(key=_arrival_order)
-                held = _held(pending, self._max_messages, self._max_bytes)
-                overflow = pending[held:]
-                pending = pending[:held]
-            outcome = decide(pending, self._catalog, None)
-            if isinstance(outcome, Closed):
-                yield from emit(closed_outputs(outcome))
-                yield from emit(_overflow_outputs(overflow, outcome))
-                return
-            if not isinstance(outcome, Undefined):
-                raise ValueError(f"a bounded join must be decided, not {outcome!r}")
-            yield from emit(rejected_outputs(outcome.rejected, "undefined_join", _UNDEFINED))
-            later = [r for r in overflow if r[R.TIME] > outcome.deadline]
-            yield from emit(rejected_outputs([r for r in overflow if r[R.TIME] <= outcome.deadline],
-                                             "join_too_large", _TOO_LARGE))
-            pending = outcome.rest + later
+        try:  # outputs are built whole before any is emitted: a failure emits none of them
+            while pending:
+                overflow = []
+                # UTF-8 takes at most 4 bytes a character: count bytes only when they may not
+                # fit
+                if len(pending) > self._max_messages or \
+                        4 * sum(len(r[R.RAW]) for r in pending) > self._max_bytes:
+                    pending.sort(key=_arrival_order)
+                    held = _held(pending, self._max_messages, self._max_bytes)
+                    overflow = pending[held:]
+                    pending = pending[:held]
+                outcome = _core(decide, pending, self._catalog, None)
+                if isinstance(outcome, Closed):
+                    yield from emit(_core(_all, closed_outputs, outcome)
+                                    + _core(_all, _overflow_outputs, overflow, outcome))
+                    return
+                if not isinstance(outcome, Undefined):
+                    raise ValueError(f"a bounded join must be decided, not {outcome!r}")
+                later = [r for r in overflow if r[R.TIME] > outcome.deadline]
+                yield from emit(
+                    _core(_all, rejected_outputs, outcome.rejected, "undefined_join", _UNDEFINED)
+                    + _core(_all, rejected_outputs,
+                            [r for r in overflow if r[R.TIME] <= outcome.deadline],
+                            "join_too_large", _TOO_LARGE))
+                pending = outcome.rest + later
+        except _JoinFailed as failed:
+            yield from emit(_internal_errors(pending + overflow, failed))
 
 
 def _overflow_outputs(overflow: Iterable[R.Record], closed: Closed
@@ -243,6 +289,7 @@ class JoinDoFn(_Counting):
         self._log_closes = log_closes
         self._cache_size = cache_size
         self._cache: OrderedDict[str, tuple[int, int, JoinReducer]] = OrderedDict()
+        self._holding = False  # whether the record process() is handling is in the bag yet
 
     def setup(self) -> None:
         self._cache = OrderedDict()
@@ -259,9 +306,9 @@ class JoinDoFn(_Counting):
     def _rebuild(self, join_id: str, epoch: int, count: int, records: list[R.Record]
                  ) -> JoinReducer:
         """A cache miss: fold the bag's records into a fresh reducer and remember it."""
-        reducer = JoinReducer(self._catalog)
+        reducer = _core(JoinReducer, self._catalog)
         for record in records:
-            reducer.add(record)
+            _core(reducer.add, record)
         self._remember(join_id, epoch, count, reducer)
         return reducer
 
@@ -301,8 +348,9 @@ class JoinDoFn(_Counting):
             meta_value[HORIZON], meta_value[WAKE]
         size = meta_value[BYTES]
         while records:
-            outcome = decide(records, self._catalog, horizon)
+            outcome = _core(decide, records, self._catalog, horizon)
             if isinstance(outcome, Closed):
+                outputs = _core(_all, closed_outputs, outcome)  # before the state changes
                 self._cache.pop(join_id, None)
                 msgs.clear()
                 decide_timer.clear()
@@ -311,7 +359,7 @@ class JoinDoFn(_Counting):
                             [outcome.reason, outcome.closed_at, outcome.deadline, expiry], None,
                             0])
                 self._set(expire_timer, expiry + 1)
-                yield from self._emit(closed_outputs(outcome))
+                yield from self._emit(outputs)
                 return
             if isinstance(outcome, Undefined):
                 yield from self._emit(rejected_outputs(outcome.rejected, "undefined_join",
@@ -343,7 +391,7 @@ class JoinDoFn(_Counting):
         """
         full = value[FULL]
         if full is None:
-            outcome = decide(list(msgs.read()), self._catalog, None)
+            outcome = _core(decide, list(msgs.read()), self._catalog, None)
             if isinstance(outcome, Closed):
                 full = [outcome.closed_at, outcome.deadline, outcome.reason]
             elif isinstance(outcome, Undefined):
@@ -355,10 +403,11 @@ class JoinDoFn(_Counting):
         closed_at, deadline, reason = full
         time = record[R.TIME]
         if closed_at is not None and time > closed_at:
-            yield from self._emit([(LATE, late_object(record, late_reason(time, deadline),
-                                                      reason))])
+            yield from self._emit([(LATE, _core(late_object, record,
+                                                late_reason(time, deadline), reason))])
         elif closed_at is None and time > deadline:
             msgs.add(record)
+            self._holding = True
             value[COUNT] += 1
             value[BYTES] += _message_bytes(record)
             value[HORIZON] = max(value[HORIZON], deadline)
@@ -368,12 +417,32 @@ class JoinDoFn(_Counting):
         else:
             yield from self._emit(rejected_outputs([record], "join_too_large", _TOO_LARGE))
 
+    def _poisoned(self, join_id: str, extra: list[R.Record], failed: _JoinFailed, msgs: Any,
+                  meta: Any, decide_timer: Any, expire_timer: Any) -> Iterator[Any]:
+        """The core failed on this join: every record it holds, and ``extra`` (the arriving
+        record when it is not held yet), go to ``dead_letter`` as ``internal_error``; the
+        join's state, timers and cached reducer are dropped (a later record starts afresh)."""
+        records = [*msgs.read(), *extra]
+        self._cache.pop(join_id, None)
+        self._clear(msgs, meta, decide_timer, expire_timer)
+        yield from self._emit(_internal_errors(records, failed))
+
     # --------------------------------------------------------------------- callbacks
     def process(self, element: tuple[str, R.Record],
                 msgs: Any = beam.DoFn.StateParam(MSGS),
                 meta: Any = beam.DoFn.StateParam(META),
                 decide_timer: Any = beam.DoFn.TimerParam(DECIDE),
                 expire_timer: Any = beam.DoFn.TimerParam(EXPIRE)) -> Iterator[Any]:
+        """One arrival (``_arrive``); a failure of the core poisons this join only."""
+        self._holding = False  # set once the arriving record is in the bag
+        try:
+            yield from self._arrive(element, msgs, meta, decide_timer, expire_timer)
+        except _JoinFailed as failed:
+            yield from self._poisoned(element[0], [] if self._holding else [element[1]],
+                                      failed, msgs, meta, decide_timer, expire_timer)
+
+    def _arrive(self, element: tuple[str, R.Record], msgs: Any, meta: Any, decide_timer: Any,
+                expire_timer: Any) -> Iterator[Any]:
         """One arrival. Exits: late (a tombstone: the join closed already); the per-join
         limit (``_overflow``); a decision now (the record is behind the known horizon, or the
         join became closable: ``_settle``); else the record waits in the bag with DECIDE set
@@ -385,7 +454,8 @@ class JoinDoFn(_Counting):
         tomb = value[TOMB]
         if tomb is not None:
             close_reason, _, deadline, _ = tomb
-            late = late_object(record, late_reason(record[R.TIME], deadline), close_reason)
+            late = _core(late_object, record, late_reason(record[R.TIME], deadline),
+                         close_reason)
             yield from self._emit([(LATE, late)])
             return
         epoch, count, horizon, wake = value[EPOCH], value[COUNT], value[HORIZON], value[WAKE]
@@ -397,22 +467,23 @@ class JoinDoFn(_Counting):
             return
         cached = self._cache.get(join_id)
         msgs.add(record)
+        self._holding = True
         if cached is not None and cached[0] == epoch and cached[1] == count:
             reducer = cached[2]
-            reducer.add(record)
+            _core(reducer.add, record)
             self._remember(join_id, epoch, count + 1, reducer)
             records: list[R.Record] | None = None
         else:
             records = list(msgs.read())
             reducer = self._rebuild(join_id, epoch, count + 1, records)
-        if record[R.TIME] <= horizon or (reducer.closable() and self._decide_now(
+        if record[R.TIME] <= horizon or (_core(reducer.closable) and self._decide_now(
                 reducer, record, horizon, wake)):
             # _settle writes META (or clears the state) on every path
             yield from self._settle(join_id, records or list(msgs.read()),
                                     [epoch, count + 1, horizon, wake, None, None, size], msgs,
                                     meta, decide_timer, expire_timer)
             return
-        deadline = reducer.deadline()
+        deadline = _core(reducer.deadline)
         if deadline is None:
             raise ValueError("a join with records has a deadline")
         target = deadline if wake is None or wake <= horizon else min(wake, deadline)
@@ -434,8 +505,11 @@ class JoinDoFn(_Counting):
             return
         value[HORIZON] = max(value[HORIZON], fired.micros // 1000 - 1)
         value[WAKE] = None
-        yield from self._settle(key, list(msgs.read()), value, msgs, meta, decide_timer,
-                                expire_timer)
+        try:
+            yield from self._settle(key, list(msgs.read()), value, msgs, meta, decide_timer,
+                                    expire_timer)
+        except _JoinFailed as failed:
+            yield from self._poisoned(key, [], failed, msgs, meta, decide_timer, expire_timer)
 
     @userstate.on_timer(EXPIRE)
     def on_expire(self, key: Any = beam.DoFn.KeyParam,
