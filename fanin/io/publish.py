@@ -1,7 +1,7 @@
 """Publishing a newline-delimited file (or standard input) to a Pub/Sub topic (``fanin publish``).
 
 Guarantees of ``publish_file``:
-- Messages: the lines ``fanin run --input`` reads as messages (``fanin.transforms.read.
+- Messages: the lines ``fanin run --input`` reads as messages (``fanin.contracts.lines.
   message_lines``: line endings and a leading byte order mark removed, empty lines skipped,
   whitespace-only lines kept), each published with its bytes unchanged, so a line ``fanin run``
   dead-letters from a file it dead-letters from Pub/Sub too. Attributes: ``event_time`` (a
