@@ -35,7 +35,7 @@ _DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples"})  # values, 
 
 
 def _refuse(uri: str) -> Resource:
-    raise NoSuchResource(ref=uri)
+    raise NoSuchResource(uri)
 
 
 def _multiple_of(validator: Any, divisor: Any, instance: Any, schema: Any) -> Iterator[Any]:
