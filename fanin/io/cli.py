@@ -41,7 +41,7 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
-def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
+def add_subcommand(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``publish`` on ``subparsers``; its ``func(args) -> int`` is ``run_publish``."""
     parser = subparsers.add_parser(
         "publish",

@@ -166,10 +166,12 @@ def _line_attributes(line: bytes) -> dict[str, str]:
         "event_time": next((obj[n] for n in names if isinstance(obj.get(n), str)), None),
         "message_id": obj.get("message_id"),
     }
-    attributes = {}
+    attributes: dict[str, str] = {}
     for key, value in candidates.items():
+        if not isinstance(value, str):
+            continue
         try:
-            fits = isinstance(value, str) and 0 < len(value.encode("utf-8")) <= _MAX_ATTRIBUTE_BYTES
+            fits = 0 < len(value.encode("utf-8")) <= _MAX_ATTRIBUTE_BYTES
         except UnicodeEncodeError:  # a lone surrogate from a JSON escape
             fits = False
         if fits:
