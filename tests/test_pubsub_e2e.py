@@ -1,81 +1,103 @@
-"""End to end over a real gRPC socket: opens and receipts published to Pub/Sub, the pipeline
-reads them with ReadFromPubSub on the local runner, and closes come back on a closes topic."""
+"""End to end against Google's Pub/Sub emulator, as a user runs it: ``fanin publish`` sends
+opens and receipts with current event times, a streaming ``fanin run --subscription`` joins
+them, closes / late lines / dead letters come back on their topics while the job runs, and a
+Ctrl-C drains it: exit 0 with every output in ``--output``."""
 
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
-import apache_beam as beam
-import pytest
-from apache_beam.options.pipeline_options import PipelineOptions
-from support.pubsub_server import PubSubServer, pubsub_server_fixture
+from support.emulator import PubSubEmulator
+from support.streaming_run import FaninRun, read_outputs
 
-from fanin.contracts.catalog import Catalog, load_contracts
 from fanin.contracts.timefmt import format_ms
-from fanin.fleet.simulate import CONTRACTS_PATH
-from fanin.pipelines.pipeline import RunConfig, build
 
-TOPIC_IN = "projects/fanin-test/topics/receipts"
-SUB_IN = "projects/fanin-test/subscriptions/fanin"
-CLOSES = "projects/fanin-test/topics/closes"
-DEAD = "projects/fanin-test/topics/dead"
-LATE = "projects/fanin-test/topics/late"
+DEADLINE_S = 90.0
 
 
-@pytest.fixture
-def pubsub(monkeypatch: pytest.MonkeyPatch) -> Iterator[PubSubServer]:
-    yield from pubsub_server_fixture(monkeypatch)
-
-
-def test_receipts_in_closes_out_over_pubsub(pubsub: PubSubServer, tmp_path: Path) -> None:
-    for topic in (TOPIC_IN, CLOSES, DEAD, LATE):
-        pubsub.create_topic(topic)
-    pubsub.create_subscription(SUB_IN, TOPIC_IN)
-    now = int(time.time() * 1000)
-    messages = []
-    for j in range(3):
+def _traffic(now_ms: int) -> list[dict[str, Any] | str]:
+    """3 complete joins, 2 that time out after 10 s, a redelivery after a close, a bad line."""
+    lines: list[dict[str, Any] | str] = []
+    for j in range(5):
         join_id = f"pj-{j}"
-        messages.append({"kind": "open", "join_id": join_id, "opened_at": format_ms(now),
-                         "contract": "triage", "run_id": "e2e"})
-        for i, branch in enumerate(("retrieve", "verify", "rank")):
-            messages.append({"join_id": join_id, "branch": branch, "status": "ok",
-                             "event_time": format_ms(now + 1 + i),
-                             "key": "score" if branch == "rank" else branch,
-                             "value": 0.5 if branch == "rank" else f"{branch}-{j}"})
-    # a receipt that arrives before its open, a redelivery after the (eager) close, and a
-    # malformed message
-    messages.insert(0, messages.pop(1))
-    messages.append(messages[-1])
-    for message in messages:
-        pubsub.publish(TOPIC_IN, json.dumps(message).encode(),
-                       {"event_time": message.get("event_time") or message["opened_at"]})
-    pubsub.publish(TOPIC_IN, b"{not json", {"event_time": format_ms(now)})
+        lines.append({"kind": "open", "join_id": join_id, "opened_at": format_ms(now_ms),
+                      "required": ["retrieve", "rank"], "deadline_s": 10, "run_id": "e2e"})
+        branches = ("retrieve", "rank") if j < 3 else ("retrieve",)
+        for i, branch in enumerate(branches):
+            lines.append({"join_id": join_id, "branch": branch, "status": "ok",
+                          "event_time": format_ms(now_ms + 1 + i), "value": f"{branch}-{j}"})
+    lines.insert(0, lines.pop(1))  # a receipt before its open
+    lines += [line for line in lines if isinstance(line, dict) and line["join_id"] == "pj-2"
+              and line.get("branch") == "rank"]  # pj-2's last receipt again, after its close
+    lines.append("{not json")
+    return lines
 
-    config = RunConfig(output=str(tmp_path / "out"), subscription=SUB_IN,
-                       contracts_path=CONTRACTS_PATH,
-                       topics={"closes": CLOSES, "dead_letter": DEAD, "late": LATE})
-    config.validate()
-    p = beam.Pipeline(options=PipelineOptions(["--runner=BundleBasedDirectRunner",
-                                               "--streaming"]))
-    build(p, config, Catalog(load_contracts(CONTRACTS_PATH)))
-    result = p.run()
+
+def test_publish_run_and_drain_over_the_emulator(
+    pubsub_emulator: PubSubEmulator, tmp_path: Path
+) -> None:
+    topic_in, sub_in = pubsub_emulator.topic_and_subscription("receipts")
+    outs = {kind: pubsub_emulator.topic_and_subscription(kind)
+            for kind in ("closes", "late", "dead-letter")}
+    output = tmp_path / "out"
+    run = FaninRun(["--subscription", sub_in, "--output", str(output), "--window-s", "1",
+                    *(arg for kind, (topic, _) in outs.items()
+                      for arg in (f"--{kind}-topic", topic))], tmp_path / "run")
     try:
-        done = pubsub.wait_for(lambda: len(pubsub.published(CLOSES)) >= 3
-                               and len(pubsub.published(DEAD)) >= 1
-                               and len(pubsub.published(LATE)) >= 1, 60.0)
+        # Warm-up: once a join published now comes back closed, the job is reading. (The local
+        # runner's watermark is the clock at each pull: traffic that waited in the subscription
+        # past its deadlines while the job started would close by timeout, its receipts late.)
+        warm_up = [{"kind": "open", "join_id": "warm-up", "opened_at": format_ms(
+            int(time.time() * 1000)), "required": ["a"]}]
+        warm_up.append({"join_id": "warm-up", "branch": "a", "status": "ok",
+                        "event_time": warm_up[0]["opened_at"]})
+        for message in warm_up:
+            pubsub_emulator.publish(topic_in, json.dumps(message).encode())
+        closes_sub = outs["closes"][1]
+        assert run.until(lambda: pubsub_emulator.pull(closes_sub), DEADLINE_S), run.stderr()
+        traffic = tmp_path / "traffic.jsonl"
+        traffic.write_text("".join((line if isinstance(line, str) else json.dumps(line)) + "\n"
+                                   for line in _traffic(int(time.time() * 1000))))
+        published = subprocess.run(
+            [sys.executable, "-m", "fanin.cli", "publish", "--topic", topic_in, str(traffic)],
+            capture_output=True, text=True, timeout=DEADLINE_S)
+        assert published.returncode == 0, published.stderr
+        assert published.stdout.split() == ["sent=15", "failed=0"]
+
+        got: dict[str, list[Any]] = {kind: [] for kind in outs}
+
+        def arrived() -> bool:
+            for kind, (_, sub) in outs.items():
+                got[kind].extend(pubsub_emulator.pull(sub))
+            wanted = {"closes": 5, "late": 1, "dead-letter": 1}
+            return all(len(got[kind]) >= n for kind, n in wanted.items())
+
+        # Closes (eager ones and the 10 s deadlines), the late line and the dead letter come
+        # back on their topics while the job runs.
+        assert run.until(arrived, DEADLINE_S), run.stderr()
+        run.signal(signal.SIGINT)
+        assert run.wait(DEADLINE_S) == 0, run.stderr()
     finally:
-        result.cancel()
-    assert done, "closes did not come back on the closes topic"
-    closes = [json.loads(m.data) for m in pubsub.published(CLOSES)]
-    assert sorted(c["join_id"] for c in closes) == ["pj-0", "pj-1", "pj-2"]
-    assert all(c["reason"] == "complete" and c["run_id"] == "e2e" for c in closes)
-    assert {m.attributes["join_id"] for m in pubsub.published(CLOSES)} == {"pj-0", "pj-1", "pj-2"}
-    assert sum(c["counts"]["messages"] for c in closes) == 12
-    late = [json.loads(m.data) for m in pubsub.published(LATE)]
+        run.stop()
+    closes = [json.loads(m.data) for m in got["closes"]]
+    assert sorted((c["join_id"], c["reason"]) for c in closes) == [
+        ("pj-0", "complete"), ("pj-1", "complete"), ("pj-2", "complete"),
+        ("pj-3", "timeout"), ("pj-4", "timeout")]
+    assert all(c["run_id"] == "e2e" for c in closes)
+    assert {m.attributes["join_id"] for m in got["closes"]} == {c["join_id"] for c in closes}
+    late = [json.loads(m.data) for m in got["late"]]
     assert [(x["join_id"], x["reason"]) for x in late] == [("pj-2", "after_close")]
-    dead = [json.loads(m.data) for m in pubsub.published(DEAD)]
-    assert dead[0]["error"] == "invalid_json"
-    assert dead[0]["source"]["kind"] == "pubsub" and dead[0]["source"]["message_id"]
+    (dead,) = [json.loads(m.data) for m in got["dead-letter"]]
+    assert dead["error"] == "invalid_json" and dead["source"]["message_id"]
+    # The same outputs in the output folder once drained, and the summary line.
+    assert sorted(c["join_id"] for c in read_outputs(output, "closes")) == sorted(
+        ["warm-up"] + [c["join_id"] for c in closes])
+    assert read_outputs(output, "late") == late
+    assert read_outputs(output, "dead_letter") == [dead]
+    assert "fanin: done: closes=6 late=1 dead_letter=1" in run.stderr()

@@ -59,10 +59,17 @@ class FaninRun:
         return self.process.poll() is None
 
     def until(self, condition: Callable[[], Any], timeout_s: float) -> bool:
-        """Poll ``condition`` until it holds (True), the process exits or ``timeout_s`` passes
-        (False)."""
-        return bool(wait_for(lambda: condition() or not self.running, timeout_s, 0.2)
-                    and condition())
+        """Poll ``condition`` (called once per poll) until it holds (True), the process exits or
+        ``timeout_s`` passes (False)."""
+        held = False
+
+        def check() -> bool:
+            nonlocal held
+            held = bool(condition())
+            return held or not self.running
+
+        wait_for(check, timeout_s, 0.2)
+        return held
 
     def stderr(self) -> str:
         return self.stderr_path.read_text(errors="replace")
