@@ -14,7 +14,7 @@
 - exit status: 0 if every message was published, 1 if any failed, 130 after Ctrl-C (the
   messages in flight get 10 s to settle; a second Ctrl-C stops at once, without a count), 2 with
   a one-line message for bad usage: a malformed topic path, a file that cannot be opened, a
-  timeout that is not a positive number.
+  timeout that is not a positive number, no credentials (and no ``PUBSUB_EMULATOR_HOST``).
 """
 
 from __future__ import annotations
@@ -78,6 +78,8 @@ def _service() -> str:
 
 def run_publish(args: argparse.Namespace) -> int:  # noqa: C901 (one exit per publish outcome the CLI reports)
     """Run ``fanin publish`` for parsed ``args``; returns the exit status."""
+    from google.auth.exceptions import DefaultCredentialsError
+
     from fanin.io.publish import publish_file
     from fanin.io.pubsub import validate_topic_path
 
@@ -113,6 +115,11 @@ def run_publish(args: argparse.Namespace) -> int:  # noqa: C901 (one exit per pu
                                waiting=waiting, stop=stop)
     except OSError as exc:
         print(f"fanin publish: cannot read {args.file}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    except DefaultCredentialsError:
+        print("fanin publish: no Google credentials: set PUBSUB_EMULATOR_HOST=HOST:PORT to use "
+              "the Pub/Sub emulator, or set up Application Default Credentials",
+              file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("fanin publish: interrupted twice; messages in flight were not counted",

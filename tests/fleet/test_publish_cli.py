@@ -122,3 +122,16 @@ def test_ctrl_c_prints_the_counts_and_exits_130(pubsub_emulator: PubSubEmulator,
     got = pubsub_emulator.collect(subscription, lambda msgs: len(msgs) >= sent, 60)
     assert len({m.data for m in got}) == sent  # what arrived is exactly what it counted
     assert pubsub_emulator.pull(subscription) == []
+
+
+def test_without_credentials_or_emulator_it_says_so_in_one_line(tmp_path: Path) -> None:
+    path = receipts_file(tmp_path / "in.jsonl", 3)
+    env = {name: value for name, value in same_code_env().items()
+           if name not in ("PUBSUB_EMULATOR_HOST", "GOOGLE_APPLICATION_CREDENTIALS")}
+    env.update(CLOUDSDK_CONFIG=str(tmp_path / "gcloud"), NO_GCE_CHECK="True")
+    done = subprocess.run([*FANIN, "publish", "--topic", "projects/my-project/topics/receipts",
+                           str(path)], capture_output=True, text=True, timeout=60, env=env)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr.splitlines() == [
+        "fanin publish: no Google credentials: set PUBSUB_EMULATOR_HOST=HOST:PORT to use the "
+        "Pub/Sub emulator, or set up Application Default Credentials"]
