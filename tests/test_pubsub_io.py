@@ -24,8 +24,8 @@ from support.emulator import PubSubEmulator, wait_for
 
 from fanin.io.pubsub import PublishJson, ReadMessages, parse_event_time_ms
 
-TOPIC_IN = "projects/fanin-test/topics/in"
-SUB_IN = "projects/fanin-test/subscriptions/in"
+TOPIC_IN = "projects/fanin-test/topics/inbox"
+SUB_IN = "projects/fanin-test/subscriptions/inbox"
 DEADLINE_S = 60.0
 
 

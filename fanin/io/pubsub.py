@@ -24,8 +24,9 @@ from __future__ import annotations
 import calendar
 import datetime
 import json
+import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import apache_beam as beam
@@ -33,8 +34,6 @@ from apache_beam.io.gcp.pubsub import (
     PubsubMessage,
     ReadFromPubSub,
     WriteToPubSub,
-    parse_subscription,
-    parse_topic,
 )
 from apache_beam.transforms.window import TimestampedValue
 from apache_beam.utils.timestamp import Timestamp
@@ -45,22 +44,79 @@ from fanin.io.pubsub_drain import Drain, DrainableLocalRead
 __all__ = [
     "PublishJson",
     "ReadMessages",
+    "check_pubsub_resources",
     "parse_event_time_ms",
+    "validate_pubsub_path",
     "validate_topic_path",
 ]
 
 _EPOCH_MILLIS = re.compile(r"-?\d{1,18}\Z")
-# Project ids as Beam's parse_topic accepts them; topic names as Pub/Sub documents them.
-_TOPIC_PATH = re.compile(
-    r"projects/[a-z][-a-z0-9:.]{4,61}[a-z0-9]/topics/[A-Za-z][-A-Za-z0-9_.~+%]{2,254}\Z"
-)
+# What the Pub/Sub service accepts (its resource-name rules; the emulator is more lenient).
+_PROJECT_ID = re.compile(r"([a-z][-a-z0-9.]{0,61}[a-z0-9]:)?[a-z][-a-z0-9]{4,28}[a-z0-9]\Z")
+_RESOURCE_NAME = re.compile(r"[A-Za-z][-A-Za-z0-9_.~+%]{2,254}\Z")
+_KINDS = {"topics": "topic", "subscriptions": "subscription"}
+
+
+def validate_pubsub_path(path: str, collection: str) -> str:
+    """Return ``path`` if the Pub/Sub service accepts it as ``projects/PROJECT/<collection>/NAME``
+    (``collection``: ``topics`` or ``subscriptions``); else raise ``ValueError`` whose one-line
+    message says which part is wrong and the rule it breaks: a project id is 6-30 lowercase
+    letters, digits or hyphens, starting with a letter and not ending with a hyphen (optionally
+    ``domain:`` first); a name is 3-255 letters, digits or ``-_.~+%``, starting with a letter,
+    not starting with ``goog``. Checked before running, since the emulator accepts project ids
+    the service refuses (a job tried on the emulator would then fail on the service)."""
+    kind = _KINDS[collection]
+    parts = path.split("/")
+    if len(parts) != 4 or parts[0] != "projects" or parts[2] != collection:
+        raise ValueError(f"{kind} {path!r} is not of the form projects/PROJECT/{collection}/NAME")
+    project, name = parts[1], parts[3]
+    if not _PROJECT_ID.match(project):
+        raise ValueError(f"{kind} {path!r}: project id {project!r} is refused by Pub/Sub: it "
+                         "needs 6-30 lowercase letters, digits or hyphens, starting with a "
+                         "letter and not ending with a hyphen (e.g. my-project)")
+    if not _RESOURCE_NAME.match(name) or name.lower().startswith("goog"):
+        raise ValueError(f"{kind} {path!r}: name {name!r} is refused by Pub/Sub: it needs "
+                         "3-255 letters, digits or -_.~+%, starting with a letter (not 'goog')")
+    return path
 
 
 def validate_topic_path(topic: str) -> str:
-    """Return ``topic`` if it is ``projects/PROJECT/topics/TOPIC``; else raise ``ValueError``."""
-    if not _TOPIC_PATH.match(topic) or topic.split("/")[3].startswith("goog"):
-        raise ValueError(f"malformed topic path {topic!r}: expected projects/PROJECT/topics/TOPIC")
-    return topic
+    """``validate_pubsub_path(topic, "topics")``."""
+    return validate_pubsub_path(topic, "topics")
+
+
+def check_pubsub_resources(subscription: str | None = None, topics: Sequence[str] = (),
+                           timeout_s: float = 30.0) -> None:
+    """Ask Pub/Sub (or the emulator at ``PUBSUB_EMULATOR_HOST``) whether ``subscription`` and
+    each of ``topics`` exist, before a run starts reading or publishing. Raises ``ValueError``
+    with one line: the resource that does not exist, or that the service did not answer within
+    ``timeout_s`` (and where it was asked)."""
+    from google.api_core import exceptions
+    from google.cloud import pubsub_v1
+
+    where = os.environ.get("PUBSUB_EMULATOR_HOST") or "pubsub.googleapis.com"
+    asks = [("subscription", s) for s in (subscription,) if s] + [("topic", t) for t in topics]
+    if not asks:
+        return
+    subscriber = pubsub_v1.SubscriberClient()
+    publisher = pubsub_v1.PublisherClient()
+    try:
+        for kind, path in asks:
+            try:
+                if kind == "subscription":
+                    subscriber.get_subscription(subscription=path, timeout=timeout_s)
+                else:
+                    publisher.get_topic(topic=path, timeout=timeout_s)
+            except exceptions.NotFound:
+                raise ValueError(f"{kind} {path} does not exist (asked {where}); create it "
+                                 "first") from None
+            except (exceptions.RetryError, exceptions.DeadlineExceeded,
+                    exceptions.ServiceUnavailable) as error:
+                raise ValueError(f"Pub/Sub at {where} did not answer about {kind} {path} "
+                                 f"within {timeout_s:g} s ({type(error).__name__})") from None
+    finally:
+        subscriber.close()
+        publisher.transport.close()
 
 
 def parse_event_time_ms(value: str | None) -> int | None:
@@ -173,9 +229,9 @@ class ReadMessages(beam.PTransform):
         if (subscription is None) == (topic is None):
             raise ValueError("ReadMessages needs exactly one of subscription= or topic=")
         if subscription is not None:
-            parse_subscription(subscription)
+            validate_pubsub_path(subscription, "subscriptions")
         else:
-            parse_topic(topic)
+            validate_pubsub_path(topic, "topics")
         self._subscription = subscription
         self._topic = topic
         self._timestamp_attribute = timestamp_attribute
@@ -244,7 +300,7 @@ class PublishJson(beam.PTransform):
         attributes_fn: Callable[[Mapping[str, Any]], Mapping[str, str]] | None = None,
     ) -> None:
         super().__init__()
-        parse_topic(topic)
+        validate_topic_path(topic)
         self._topic = topic
         self._attributes_fn = attributes_fn
 

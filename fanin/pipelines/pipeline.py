@@ -99,6 +99,20 @@ class RunConfig:
         if self.topics and not self.streaming:
             raise ConfigError("publishing outputs to Pub/Sub needs a streaming run "
                               "(--subscription, --topic or --replay)")
+        self._validate_pubsub_paths()
+
+    def _validate_pubsub_paths(self) -> None:
+        """Every Pub/Sub path is one the service accepts (the reason in one line if not)."""
+        from fanin.io.pubsub import validate_pubsub_path
+
+        paths = [(self.subscription, "subscriptions"), (self.topic, "topics")]
+        paths += [(topic, "topics") for topic in self.topics.values()]
+        try:
+            for path, collection in paths:
+                if path:
+                    validate_pubsub_path(path, collection)
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
 
     @property
     def streaming(self) -> bool:
@@ -239,6 +253,18 @@ def configure_options(config: RunConfig, beam_args: Sequence[str]) -> PipelineOp
     return options
 
 
+def _check_pubsub_resources(config: RunConfig) -> None:
+    """Before a local run: the subscription (or input topic) and the output topics exist, else
+    one ``ConfigError`` line (instead of a runner failing with tracebacks once it reads)."""
+    from fanin.io.pubsub import check_pubsub_resources
+
+    topics = [config.topic] if config.topic else []
+    try:
+        check_pubsub_resources(config.subscription, [*topics, *config.topics.values()])
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+
+
 def run_pipeline(config: RunConfig, beam_args: Sequence[str]) -> beam.runners.runner.PipelineResult:
     """Validate, build and run the job; waits for it to finish, except a streaming job on
     Dataflow, which is left running once submitted.
@@ -250,6 +276,8 @@ def run_pipeline(config: RunConfig, beam_args: Sequence[str]) -> beam.runners.ru
     catalog = catalog_for(config)
     options = configure_options(config, beam_args)
     runner = options.view_as(StandardOptions).runner
+    if config.streaming and not runner.endswith("DataflowRunner"):
+        _check_pubsub_resources(config)
     p = beam.Pipeline(options=options)
     drain = Drain() if config.subscription or config.topic else None
     build(p, config, catalog, drain)  # a missing input is reported here, before anything is written
