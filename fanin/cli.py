@@ -28,6 +28,9 @@ _PLUGINS: dict[str, tuple[str, str]] = {
     "publish": ("fanin.io.cli", "publish a JSON-lines file to a Pub/Sub topic"),
     "query": ("fanin.analysis.cli", "run read-only SQL (DuckDB) over an output folder"),
     "report": ("fanin.analysis.cli", "summarise an output folder"),
+    "setup": ("fanin.runners.toolchain", "build Prism / the Flink job server (registries only)"),
+    "flink-cluster": ("fanin.runners.flink_cluster", "start/stop a local multi-process Flink "
+                      "cluster"),
 }
 
 
@@ -116,6 +119,9 @@ def _run(args: argparse.Namespace, beam_args: Sequence[str]) -> int:
                                                 ("dead_letter", args.dead_letter_topic))
                 if topic})
         from fanin.runners.dry_run import maybe_dry_run
+        from fanin.runners.toolchain import with_local_job_server
+
+        beam_args = with_local_job_server(beam_args)
 
         code = maybe_dry_run(args, config, beam_args)
         if code is not None:

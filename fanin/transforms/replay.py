@@ -11,6 +11,10 @@ Guarantees:
   event time + the largest deadline and retention in play), so every close, late line and
   tombstone expiry happens inside the stream (docs/beam-notes.md: output of timers fired only by the
   final jump to +infinity is lost on the BundleBasedDirectRunner).
+- The stream's elements and its output PCollection use one portable coder
+  (``KV<bytes, KV<string, varint>>``): a Java runner (Flink) decodes the TestStream payload
+  itself, so a Python-only (pickled) coder would fail there, and the Python workers read the
+  PCollection with the same coder the runner wrote (docs/runners.md).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
+from apache_beam.coders import BytesCoder, StrUtf8Coder, TupleCoder, VarIntCoder
 from apache_beam.testing.test_stream import TestStream
 from apache_beam.transforms.window import TimestampedValue
 from apache_beam.utils.timestamp import Timestamp
@@ -44,6 +49,11 @@ def scan_line(line: bytes) -> tuple[int | None, int]:
         return None, 0
 
 
+# (line, (path, line number)): every component a standard coder Java runners know
+ELEMENT_CODER = TupleCoder([BytesCoder(), TupleCoder([StrUtf8Coder(), VarIntCoder()])])
+ELEMENT_TYPE = tuple[bytes, tuple[str, int]]  # Beam infers the coder from it
+
+
 def _stamp(ms: int) -> Timestamp:
     return Timestamp(micros=ms * 1000)
 
@@ -54,7 +64,7 @@ def build_replay(lines: Iterable[tuple[bytes, dict[str, Any]]], max_disorder_s: 
 
     The final watermark advance also covers the longest ``deadline_s`` of any open replayed.
     """
-    stream = TestStream()
+    stream = TestStream(coder=ELEMENT_CODER)
     lag = int(max_disorder_s * 1000)
     watermark: int | None = None
     max_seen: int | None = None
@@ -85,4 +95,4 @@ def build_replay(lines: Iterable[tuple[bytes, dict[str, Any]]], max_disorder_s: 
     final = min((max_seen or 0) + longest, MAX_MS) + horizon_ms + 1
     flush(None)
     stream.advance_watermark_to(_stamp(max(final, watermark or final)))
-    return stream.advance_watermark_to_infinity()
+    return stream.advance_watermark_to_infinity().with_output_types(ELEMENT_TYPE)

@@ -215,12 +215,15 @@ class WriteOutput(beam.PTransform):
     (processing time) before its file is written, ``pane_lines`` the most lines of one shard held
     before a file is written. ``token`` (letters and digits; default: random per instance)
     names this job's files (streaming) and temporary files (bounded); give the job's outputs
-    one token.
+    one token. ``processing_time_panes=False`` drops the ``window_s`` early firing (panes then
+    close on ``pane_lines`` and at the end of the stream only): Prism 2.77 panics on a
+    processing-time trigger of a finite stream (docs/runners.md), so replays on Prism use it.
     """
 
     def __init__(self, folder: str, kind: str, formats: Sequence[str] = ("jsonl",),
                  streaming: bool = False, window_s: float = 60.0, shards: int = 1,
-                 pane_lines: int = 10_000, token: str | None = None) -> None:
+                 pane_lines: int = 10_000, token: str | None = None,
+                 processing_time_panes: bool = True) -> None:
         super().__init__()
         unknown = set(formats) - set(FORMATS)
         if unknown or not formats:
@@ -230,9 +233,17 @@ class WriteOutput(beam.PTransform):
         self._folder, self._kind, self._formats = folder, kind, tuple(formats)
         self._streaming, self._window_s, self._shards = streaming, window_s, shards
         self._pane_lines = pane_lines
+        self._processing_time_panes = processing_time_panes
         if token is not None and not (token.isascii() and token.isalnum()):
             raise ValueError(f"token must be letters and digits, got {token!r}")
         self._token = token or new_token()
+
+    def _early_trigger(self) -> trigger.TriggerFn:
+        count = trigger.AfterCount(self._pane_lines)
+        if not self._processing_time_panes:
+            return count
+        # Beam's processing-time delay is in whole seconds
+        return trigger.AfterAny(count, trigger.AfterProcessingTime(math.ceil(self._window_s)))
 
     def expand(self, pcoll: beam.PCollection) -> beam.PCollection:
         if not self._streaming:
@@ -249,10 +260,7 @@ class WriteOutput(beam.PTransform):
             pcoll
             | "Window" >> beam.WindowInto(
                 window.GlobalWindows(),
-                trigger=trigger.AfterWatermark(early=trigger.AfterAny(
-                    trigger.AfterCount(self._pane_lines),
-                    # Beam's processing-time delay is in whole seconds
-                    trigger.AfterProcessingTime(math.ceil(self._window_s)))),
+                trigger=trigger.AfterWatermark(early=self._early_trigger()),
                 accumulation_mode=trigger.AccumulationMode.DISCARDING)
             | "Encode" >> beam.Map(_encode, self._shards).with_output_types(tuple[int, str])
             | "GroupShards" >> beam.GroupByKey()

@@ -1,0 +1,224 @@
+"""``fanin flink-cluster start|stop|status``: a real multi-process Flink cluster on this machine.
+
+Guarantees:
+- ``start`` runs a JobManager and a TaskManager as separate JVM processes (the scripts of the
+  distribution ``fanin setup flink`` installs) and a Beam worker pool
+  (``python -m apache_beam.runners.worker.worker_pool_main``) for ``--environment_type
+  EXTERNAL``; everything listens on 127.0.0.1 only. Configuration, logs and pid files live in
+  ``--dir``. It returns once the REST API reports a registered TaskManager (or fails with the
+  log's path after ``--timeout-s``) and prints the ``fanin run`` options that submit to it.
+- ``start`` is idempotent and also repairs: a process of the cluster that is not running (e.g. a
+  TaskManager that was killed) is started again; the ports must then be the same as before.
+- The cluster restarts failed jobs (fixed delay, 5 attempts, 2 s apart) and notices a lost
+  TaskManager within 10 s (heartbeat), so a job survives a TaskManager that dies and is
+  replaced.
+- ``stop`` ends the processes it started (by their pid files) and says what it ended.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Cluster", "add_subcommand", "start", "stop"]
+
+_CONFIG = """\
+env:
+  java:
+    opts:
+      all: {java_opts}
+jobmanager:
+  bind-host: 127.0.0.1
+  rpc: {{address: 127.0.0.1, port: {rpc_port}}}
+  memory: {{process: {{size: 1024m}}}}
+  execution: {{failover-strategy: region}}
+taskmanager:
+  bind-host: 127.0.0.1
+  host: 127.0.0.1
+  numberOfTaskSlots: {slots}
+  memory: {{process: {{size: 1536m}}}}
+parallelism: {{default: 1}}
+rest: {{address: 127.0.0.1, bind-address: 127.0.0.1, port: {rest_port}}}
+blob: {{server: {{port: "{blob_port}"}}}}
+heartbeat: {{interval: 2000, timeout: 10000}}
+restart-strategy: {{type: fixed-delay, fixed-delay: {{attempts: 5, delay: 2 s}}}}
+"""
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Where a cluster lives and listens."""
+
+    directory: str
+    rest_port: int = 8081
+    pool_port: int = 50000
+    slots: int = 2
+
+    @property
+    def master(self) -> str:
+        return f"127.0.0.1:{self.rest_port}"
+
+    @property
+    def pool(self) -> str:
+        return f"127.0.0.1:{self.pool_port}"
+
+    def run_options(self) -> list[str]:
+        """The ``fanin run`` options that submit a job to this cluster."""
+        return ["--runner=FlinkRunner", f"--flink_master={self.master}",
+                "--environment_type=EXTERNAL", f"--environment_config={self.pool}"]
+
+    def pid_file(self, role: str) -> str:
+        """``role``: ``standalonesession`` (JobManager), ``taskexecutor`` or ``pool``."""
+        if role == "pool":
+            return os.path.join(self.directory, "pool.pid")
+        user = os.environ.get("USER", "")
+        return os.path.join(self.directory, f"flink-{user}-{role}.pid")
+
+    def pid(self, role: str) -> int | None:
+        """The live process of ``role`` (None if it has no pid file or is not running)."""
+        try:
+            with open(self.pid_file(role), encoding="ascii") as handle:
+                pids = [int(p) for p in handle.read().split()]
+        except (OSError, ValueError):
+            return None
+        for pid in reversed(pids):
+            try:
+                os.kill(pid, 0)
+            except OSError:
+                continue
+            return pid
+        return None
+
+    def overview(self) -> dict[str, Any] | None:
+        """The REST API's ``/overview`` (None if the JobManager does not answer)."""
+        try:
+            with urllib.request.urlopen(f"http://{self.master}/overview", timeout=2) as reply:
+                return json.load(reply)
+        except (OSError, ValueError):
+            return None
+
+
+def _env(cluster: Cluster) -> dict[str, str]:
+    return {**os.environ, "FLINK_CONF_DIR": os.path.join(cluster.directory, "conf"),
+            "FLINK_LOG_DIR": os.path.join(cluster.directory, "log"),
+            "FLINK_PID_DIR": cluster.directory}
+
+
+def _write_config(cluster: Cluster, home: str) -> None:
+    conf = os.path.join(cluster.directory, "conf")
+    os.makedirs(conf, exist_ok=True)
+    os.makedirs(os.path.join(cluster.directory, "log"), exist_ok=True)
+    java_opts = ""
+    with open(os.path.join(home, "conf", "config.yaml"), encoding="utf-8") as shipped:
+        for line in shipped:
+            if line.strip().startswith("all:"):
+                java_opts = line.split("all:", 1)[1].strip()
+    text = _CONFIG.format(java_opts=java_opts, rpc_port=cluster.rest_port + 1,
+                          blob_port=cluster.rest_port + 2, rest_port=cluster.rest_port,
+                          slots=cluster.slots)
+    with open(os.path.join(conf, "config.yaml"), "w", encoding="utf-8") as handle:
+        handle.write(text)
+    for name in os.listdir(os.path.join(home, "conf")):
+        if name.startswith(("log4j", "logback")):
+            with open(os.path.join(home, "conf", name), "rb") as src, \
+                    open(os.path.join(conf, name), "wb") as dst:
+                dst.write(src.read())
+
+
+def start(cluster: Cluster, timeout_s: float = 90.0, say: Any = print) -> Cluster:
+    """Start (or repair) the cluster; returns once a TaskManager is registered."""
+    from fanin.runners.toolchain import flink_home
+
+    home = flink_home()
+    if not os.path.isfile(os.path.join(home, "bin", "jobmanager.sh")):
+        raise RuntimeError(f"no Flink distribution at {home}: run `fanin setup flink` first")
+    _write_config(cluster, home)
+    env = _env(cluster)
+    for role, script in (("standalonesession", "jobmanager.sh"),
+                         ("taskexecutor", "taskmanager.sh")):
+        if cluster.pid(role) is None:
+            subprocess.run([os.path.join(home, "bin", script), "start"], env=env, check=True,  # noqa: S603
+                           capture_output=True)
+            say(f"flink-cluster: started {script[:-3]}")
+        else:
+            say(f"flink-cluster: {script[:-3]} already running (pid {cluster.pid(role)})")
+    if cluster.pid("pool") is None:
+        path = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+        with open(os.path.join(cluster.directory, "log", "worker_pool.log"), "ab") as log:
+            pool = subprocess.Popen(  # noqa: S603
+                [sys.executable, "-m", "apache_beam.runners.worker.worker_pool_main",
+                 f"--service_port={cluster.pool_port}"], env={**env, "PATH": path},
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        with open(cluster.pid_file("pool"), "w", encoding="ascii") as handle:
+            handle.write(str(pool.pid))
+        say(f"flink-cluster: started the Beam worker pool on {cluster.pool}")
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        view = cluster.overview()
+        if view and view.get("taskmanagers", 0) >= 1:
+            say(f"flink-cluster: ready (Flink {view.get('flink-version')}, "
+                f"{view.get('slots-total')} slots); submit with: "
+                f"fanin run ... {' '.join(cluster.run_options())}")
+            return cluster
+        time.sleep(0.5)
+    raise RuntimeError(f"flink-cluster: no TaskManager registered within {timeout_s:.0f} s; "
+                       f"see {os.path.join(cluster.directory, 'log')}")
+
+
+def stop(cluster: Cluster, say: Any = print) -> None:
+    """End the cluster's processes (those its pid files name and that still run)."""
+    for role in ("pool", "taskexecutor", "standalonesession"):
+        pid = cluster.pid(role)
+        if pid is None:
+            continue
+        if role == "pool":  # its own session: the SDK workers it spawned end with it
+            os.killpg(pid, signal.SIGTERM)
+        else:
+            os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while cluster.pid(role) == pid and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if cluster.pid(role) == pid:
+            os.kill(pid, signal.SIGKILL)
+        os.remove(cluster.pid_file(role))
+        say(f"flink-cluster: stopped {role} (pid {pid})")
+
+
+def _command(args: argparse.Namespace) -> int:
+    cluster = Cluster(os.path.abspath(args.dir), args.rest_port, args.pool_port, args.slots)
+    try:
+        if args.action == "start":
+            start(cluster, args.timeout_s)
+        elif args.action == "stop":
+            stop(cluster)
+        else:
+            print(json.dumps(cluster.overview()))
+    except (RuntimeError, OSError, subprocess.CalledProcessError) as exc:
+        print(f"fanin: error: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def add_subcommand(subparsers: Any) -> None:
+    """Register ``flink-cluster`` on an ``argparse`` subparsers object."""
+    parser = subparsers.add_parser(
+        "flink-cluster", help="start/stop a local multi-process Flink cluster",
+        description="A JobManager, a TaskManager and a Beam worker pool on 127.0.0.1 "
+                    "(after `fanin setup flink`).")
+    parser.add_argument("action", choices=("start", "stop", "status"))
+    parser.add_argument("--dir", default=os.path.expanduser("~/.fanin/flink-cluster"),
+                        help="configuration, logs and pid files")
+    parser.add_argument("--rest-port", type=int, default=8081,
+                        help="REST port (the JobManager RPC and blob ports are the next two)")
+    parser.add_argument("--pool-port", type=int, default=50000, help="Beam worker pool port")
+    parser.add_argument("--slots", type=int, default=2, help="task slots of the TaskManager")
+    parser.add_argument("--timeout-s", type=float, default=90.0)
+    parser.set_defaults(func=_command)

@@ -1,0 +1,47 @@
+"""Helpers of the runner parity suite: run ``fanin run`` on a runner, read its outputs as
+multisets of JSON objects, and count the input messages conservation must account for."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+from fanin.cli import main
+from fanin.transforms.read import numbered_lines
+from tests.reliability.runs import KINDS, accounted, read_jsonl
+
+ROOT = Path(__file__).resolve().parents[2]
+CONTRACTS = ROOT / "fanin" / "examples" / "contracts.yaml"
+# The local runners every other runner is compared with, per mode.
+REFERENCE = {"bounded": ("--runner=FnApiRunner",),
+             "replay": ("--runner=BundleBasedDirectRunner", "--streaming")}
+# Replays close by watermark: an eager close depends on the order a key's messages are
+# processed in, which Beam leaves to the runner (docs/runners.md).
+MODE_ARGS = {"bounded": (), "replay": ("--replay", "--close-trigger", "watermark")}
+
+Multisets = dict[str, Counter[str]]
+
+
+def run_fanin(files: list[str], out: Path, mode: str, *runner: str) -> Multisets:
+    """``fanin run`` over ``files`` in ``mode`` on ``runner`` (must exit 0); checks conservation
+    and returns each output kind as a multiset of canonical JSON objects."""
+    args = ["run", *[a for f in files for a in ("--input", f)], "--contracts", str(CONTRACTS),
+            "--output", str(out), "--overwrite", *MODE_ARGS[mode], *runner]
+    assert main(args) == 0, args
+    outputs = read_jsonl(out)
+    assert accounted(outputs) == input_messages(files), "conservation"
+    return {kind: Counter(json.dumps(obj, sort_keys=True) for obj in outputs[kind])
+            for kind in KINDS}
+
+
+def input_messages(files: list[str]) -> int:
+    """Messages Fanin reads from ``files``."""
+    return sum(1 for path in files for _ in numbered_lines(path))
+
+
+def differences(expected: Multisets, got: Multisets) -> dict[str, tuple[int, int]]:
+    """Per kind with a difference: (objects only expected, objects only got)."""
+    return {kind: (sum((expected[kind] - got[kind]).values()),
+                   sum((got[kind] - expected[kind]).values()))
+            for kind in KINDS if expected[kind] != got[kind]}
