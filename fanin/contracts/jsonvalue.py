@@ -11,6 +11,9 @@ Guarantees:
   value, ``1 == 1.0``; strings exactly; arrays in order; objects by their set of fields;
   ``true`` is not ``1``) exactly when their canonical strings are equal. The string is itself
   JSON, so "least canonical JSON" is a total, deterministic order.
+- ``loads`` returns exactly what ``loads_strict`` returns, and refuses exactly what it refuses
+  (with the same reason): it decodes with orjson only text that cannot hold anything orjson
+  reads differently (see ``_loads_plain``), and hands everything else to ``loads_strict``.
 """
 
 from __future__ import annotations
@@ -19,7 +22,9 @@ import json
 import math
 from typing import Any
 
-__all__ = ["MAX_DEPTH", "JSONRefused", "canonical", "encode_str", "loads_strict"]
+import orjson
+
+__all__ = ["MAX_DEPTH", "JSONRefused", "canonical", "encode_str", "loads", "loads_strict"]
 
 MAX_DEPTH = 64
 
@@ -87,6 +92,57 @@ def loads_strict(text: str) -> Any:
     if text.count("[") + text.count("{") > MAX_DEPTH or "\\u" in text or "\\U" in text:
         _check(value, 0)
     return value
+
+
+def _classes() -> bytes:
+    """Byte -> class: digits "9", JSON whitespace " ", the bytes the checks look for as
+    themselves, every other byte "."."""
+    table = bytearray(b"." * 256)
+    table[ord("0"):ord("9") + 1] = b"9" * 10
+    for byte in b" \t\n\r":
+        table[byte] = ord(" ")
+    for byte in b'\\:{["':
+        table[byte] = byte
+    table[ord("[")] = ord("{")
+    return bytes(table)
+
+
+_CLASSES = _classes()
+_LONG_DIGITS = b"9" * 19
+_NOT_PLAIN = object()
+
+
+def _loads_plain(data: bytes) -> Any:
+    """orjson's value of the UTF-8 ``data`` when it equals ``loads_strict``'s, else
+    ``_NOT_PLAIN``.
+
+    Plain text: no backslash (so no escapes: no surrogate escapes, and every ``"`` opens or
+    closes a string), no whitespace before a ``:`` (so every field name ends in ``":``),
+    at most ``MAX_DEPTH`` brackets (no deep nesting), no run of 19 digits (orjson reads
+    integers beyond 64 bits as floats). orjson refuses what ``loads_strict`` refuses among the
+    rest (NaN, Infinity, numbers that overflow a double, invalid UTF-8, a byte order mark,
+    trailing content) and keeps the last of repeated field names; orjson's own compact
+    encoding of the value writes ``":`` once per field it kept (no string can hold a ``"``),
+    so a repeated name shows as fewer ``":`` written back than read.
+    """
+    classes = data.translate(_CLASSES)
+    if (b"\\" in classes or b" :" in classes or classes.count(b"{") > MAX_DEPTH
+            or _LONG_DIGITS in classes):
+        return _NOT_PLAIN
+    try:
+        value = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return _NOT_PLAIN
+    if classes.count(b'":') != orjson.dumps(value).count(b'":'):
+        return _NOT_PLAIN
+    return value
+
+
+def loads(text: str, data: bytes | None = None) -> Any:
+    """``loads_strict(text)``; ``data``: ``text`` in UTF-8 when the caller has it. Plain text
+    (``_loads_plain``) is decoded by orjson, the rest by ``loads_strict``."""
+    value = _loads_plain(text.encode("utf-8", "surrogatepass") if data is None else data)
+    return loads_strict(text) if value is _NOT_PLAIN else value
 
 
 def _normalize(value: Any) -> Any:

@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from fanin.contracts import records as R
-from fanin.contracts.jsonvalue import JSONRefused, canonical, encode_str, loads_strict
+from fanin.contracts.jsonvalue import JSONRefused, canonical, encode_str, loads
 from fanin.contracts.messages import MAX_ATTEMPT, OpenMessage, ReceiptMessage
 from fanin.contracts.timefmt import duration_ms, format_ms, parse_rfc3339
 
@@ -187,7 +187,7 @@ def parse_message(data: bytes | str, source: Source, contracts: Container[str], 
             return parse_message(text.encode("utf-8", "surrogatepass"), source, contracts,
                                  max_bytes)
     try:
-        obj = loads_strict(text)
+        obj = loads(text, data if isinstance(data, bytes) else None)
     except JSONRefused as exc:
         return None, dead_letter("invalid_json", str(exc), text, source)
     if not isinstance(obj, dict):

@@ -1,0 +1,84 @@
+"""``jsonvalue.loads`` (orjson for plain text) is ``loads_strict``: same value, same types at
+every depth, same refusal with the same reason, on generated JSON (compact and spaced, with
+repeated field names, escapes, long digit runs, deep nesting) and on the fuzz corpus."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fanin.contracts.jsonvalue import MAX_DEPTH, loads, loads_strict
+
+CORPUS = Path(__file__).parent / "data" / "fuzz_corpus"
+SETTINGS = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+_scalars = (st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70)
+            | st.floats(allow_nan=False, allow_infinity=False)
+            | st.text(alphabet=st.characters(codec="utf-8"), max_size=8)
+            | st.sampled_from(['a":b', "x :y", "{", "[", "\\", "\t", "é", "\U0001f600"]))
+_values = st.recursive(_scalars, lambda inner: st.lists(inner, max_size=4)
+                       | st.dictionaries(st.sampled_from(["a", "b", "c", 'q"', "k :", "ü"]),
+                                         inner, max_size=4), max_leaves=20)
+
+
+def _outcome(decode: Any, text: str) -> Any:
+    try:
+        return ("value", _typed(decode(text)))
+    except ValueError as exc:
+        return ("refused", type(exc).__name__, str(exc))
+
+
+def _typed(value: Any) -> Any:
+    """The value with every scalar's type next to it (so 1 and 1.0 and True differ)."""
+    if isinstance(value, dict):
+        return ("dict", [(k, _typed(v)) for k, v in value.items()])
+    if isinstance(value, list):
+        return ("list", [_typed(v) for v in value])
+    return (type(value).__name__, repr(value))
+
+
+def _same(text: str) -> None:
+    assert _outcome(loads, text) == _outcome(loads_strict, text), text
+
+
+@SETTINGS
+@given(_values, st.sampled_from([(",", ":"), (", ", ": "), (",", " : "), (",\n", ":\t")]),
+       st.booleans())
+def test_generated_values_decode_alike(value: Any, separators: tuple[str, str],
+                                       ascii_only: bool) -> None:
+    _same(json.dumps(value, separators=separators, ensure_ascii=ascii_only))
+
+
+@SETTINGS
+@given(_values, st.sampled_from(["a", "b", "k :"]), _scalars, st.integers(0, 3))
+def test_repeated_field_names_are_refused_alike(value: Any, name: str, extra: Any,
+                                                depth: int) -> None:
+    inner = json.dumps({name: extra}, separators=(",", ":"))
+    text = inner[:-1] + "," + inner[1:]  # {"name":x,"name":x}: the name twice
+    for _ in range(depth):
+        text = '{"v":' + json.dumps(value) + ',"w":' + text + "}"
+    _same(text)
+
+
+def test_edge_texts_decode_alike() -> None:
+    for text in ['{"a":1,"a":2}', '{"a" :1,"a":2}', '{"a":"\\":","a":1}', "1" * 19, "-" + "9" * 25,
+                 "1e400", "-1e400", "NaN", "[" * (MAX_DEPTH + 1) + "]" * (MAX_DEPTH + 1),
+                 "[" * MAX_DEPTH + "]" * MAX_DEPTH, '"\\ud800"', "\ufeff{}", "{} x", "", " ",
+                 '{"a":1}\n', "0.1000000000000000055511151231257827", "-0", "-0.0", "1E5"]:
+        _same(text)
+
+
+def test_fuzz_corpus_decodes_alike() -> None:
+    files = sorted(CORPUS.glob("*.bin"))
+    assert files
+    for path in files:
+        data = path.read_bytes()
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+        _same(text)
