@@ -7,7 +7,9 @@ Each repeat creates a topic and a subscription on the emulator, then one ``Emitt
 emits ``--messages`` receipts of small JSON values from one thread and closes the emitter
 (which waits until every publish is confirmed). The figures: the time to emit (calls return),
 the time until ``close()`` returned (every message confirmed by the emulator), messages per
-second end to end, and the largest number of messages the sink held at once (sampled after
+second end to end, the CPU time this process spent per message (all its threads: the SDK and
+the Pub/Sub client; less sensitive than wall time to other load on the machine), and the
+largest number of messages the sink held at once (sampled after
 each emit). The subscription is then drained and every message is checked to have arrived.
 
 The emulator is started for the run (``tests/support/emulator.py``: ``gcloud beta emulators
@@ -47,6 +49,7 @@ def _one_run(emulator: Any, messages: int) -> dict[str, float]:
     emitter = Emitter(sink)
     contexts = [JoinContext.new(run_id="bench") for _ in range(max(1, messages // 10))]
     peak = 0
+    cpu_start = time.process_time()
     start = time.perf_counter()
     for i in range(messages):
         emitter.emit(contexts[i // 10], f"part/{i % 10}", "ok", value={"i": i, "score": 0.5})
@@ -55,11 +58,12 @@ def _one_run(emulator: Any, messages: int) -> dict[str, float]:
     emitted = time.perf_counter()
     emitter.close()
     closed = time.perf_counter()
+    cpu_us = (time.process_time() - cpu_start) * 1e6 / messages
     arrived = len(emulator.collect(subscription, lambda got: len(got) >= messages, 120))
     if arrived != messages:
         raise SystemExit(f"only {arrived} of {messages} messages arrived")
     return {"emit_s": emitted - start, "total_s": closed - start,
-            "rate": messages / (closed - start), "peak_held": peak}
+            "rate": messages / (closed - start), "peak_held": peak, "cpu_us": cpu_us}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,9 +91,11 @@ def main(argv: list[str] | None = None) -> int:
             emulator.stop()
     for n, run in enumerate(runs, 1):
         print(f"run {n}: emit {run['emit_s']:.2f}s, confirmed {run['total_s']:.2f}s, "
-              f"{run['rate']:,.0f} msg/s, peak held {run['peak_held']:,.0f}")
-    print(f"median: {statistics.median(r['rate'] for r in runs):,.0f} msg/s end to end; "
-          f"peak held {max(r['peak_held'] for r in runs):,.0f} messages")
+              f"{run['rate']:,.0f} msg/s, {run['cpu_us']:.0f} us CPU/msg, "
+              f"peak held {run['peak_held']:,.0f}")
+    print(f"median: {statistics.median(r['rate'] for r in runs):,.0f} msg/s end to end, "
+          f"{statistics.median(r['cpu_us'] for r in runs):.0f} us CPU per message (this "
+          f"process, all threads); peak held {max(r['peak_held'] for r in runs):,.0f} messages")
     return 0
 
 
