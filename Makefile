@@ -8,7 +8,7 @@ test:
 lint:
 	.venv/bin/ruff check fanin tests bench scripts
 bench:
-	$(PY) bench/pipeline.py
+	$(PY) bench/pipeline.py --quick
 	$(PY) bench/core.py
 demo:
 	.venv/bin/fanin run --input fanin/examples/triage.jsonl --contracts fanin/examples/contracts.yaml --output out/demo --overwrite

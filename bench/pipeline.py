@@ -1,13 +1,18 @@
 """Benchmark: whole Beam pipelines on the local runners (see docs/performance.md).
 
-Usage: ``python bench/pipeline.py [--messages 200000] [--stream-messages 20000] [--repeats 3]
-[--only memory|bounded|stream|growth|trigger]``
+Usage: ``python bench/pipeline.py [--quick] [--messages 200000] [--stream-messages 20000]
+[--repeats 3] [--only headline|memory|bounded|stream|growth|trigger]``
 
 Workloads come from the fleet simulator (``write_simulation``, bundled contracts) written to
 files in a temporary folder; every pipeline reads those files. Variants of one part run
 alternately inside one process so machine noise hits them alike; tables show medians of
 ``--repeats`` runs and ratios of medians.
 
+- ``headline``: whole processes, interpreter start and imports included, alternated:
+  ``fanin run`` (bounded, and ``--replay`` with the watermark trigger) against the hand-written
+  Beam join ``bench/naive_join.py`` on ``fanin simulate`` traffic with the bundled contracts
+  (JSON schemas), on the default local runners, and on Prism when ``fanin setup prism`` has put
+  it where Beam looks. Wall and CPU (user + system of the process tree) medians, and ratios.
 - ``bounded``: FnApiRunner. Fanin (``run_pipeline``) vs a naive Beam join (ReadFromText ->
   ``parse_message`` records -> GroupByKey -> ``bench/naive.py``'s reducer over each group sorted by
   event time -> json.dumps -> WriteToText) vs a floor (read + parse + write, no join).
@@ -39,7 +44,9 @@ import os
 import pickle
 import random
 import resource
+import shlex
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -72,7 +79,9 @@ from fanin.transforms.read import numbered_lines
 from fanin.transforms.replay import build_replay
 from fanin.transforms.write import WriteOutput
 
-PARTS = ("memory", "bounded", "stream", "growth", "trigger")
+PARTS = ("headline", "memory", "bounded", "stream", "growth", "trigger")
+_ROOT = Path(__file__).resolve().parent.parent
+_BIN = Path(sys.executable).parent
 _LINES_PER_JOIN = 6.9  # the simulator's default rates give ~6.9 lines per join
 _SOURCE = {"kind": "file"}
 
@@ -130,6 +139,124 @@ def _options(streaming: bool) -> PipelineOptions:
     if streaming:
         return PipelineOptions(["--runner=BundleBasedDirectRunner", "--streaming"])
     return PipelineOptions(["--runner=FnApiRunner"])
+
+
+# ------------------------------------------------------------------------- headline
+def _process(cmd: list[str]) -> tuple[float, float, float]:
+    """Run ``cmd`` to the end: (wall s, CPU s of it and its waited-for children, peak RSS MiB)."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - start
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+    if proc.returncode != 0:
+        raise RuntimeError(f"{shlex.join(cmd)} failed ({proc.returncode}): {err[-2000:]}")
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
+
+
+def _simulate(folder: str, joins: int, seed: int = 1) -> tuple[str, int]:
+    path = os.path.join(folder, f"fleet-{joins}-{seed}.jsonl")
+    if not os.path.exists(path):
+        summary = write_simulation(path, joins, seed)
+        return path, summary.lines
+    with open(path, "rb") as handle:
+        return path, sum(1 for _ in handle)
+
+
+def _sorted_by_event_time(path: str) -> str:
+    """A copy of ``path`` with its lines in event-time order (ties and unreadable times keep
+    file order): the input on which a replay with the watermark trigger must give exactly the
+    bounded run's outputs."""
+    from fanin.transforms.replay import scan_line
+
+    lines = Path(path).read_bytes().splitlines(keepends=True)
+    order = sorted(range(len(lines)),
+                   key=lambda i: (scan_line(lines[i].rstrip(b"\r\n"))[0] or 0, i))
+    out = path[:-len(".jsonl")] + "-sorted.jsonl"
+    Path(out).write_bytes(b"".join(lines[i] for i in order))
+    return out
+
+
+def _prism() -> bool:
+    """Whether Prism is where Beam looks for it (``fanin setup prism``)."""
+    try:
+        from fanin.runners.toolchain import prism_binary
+    except ImportError:
+        return False
+    return os.path.exists(prism_binary())
+
+
+def _fanin_cmd(path: str, out: str, *extra: str) -> list[str]:
+    return [str(_BIN / "fanin"), "run", "--input", path, "--contracts", CONTRACTS_PATH,
+            "--output", out, "--overwrite", *extra]
+
+
+def _naive_cmd(path: str, out: str, *extra: str) -> list[str]:
+    return [sys.executable, str(_ROOT / "bench" / "naive_join.py"), "--input", path,
+            "--contracts", CONTRACTS_PATH, "--output", os.path.join(out, "closes"), *extra]
+
+
+def _same_outputs(a: str, b: str) -> bool:
+    """The three outputs of two Fanin runs hold the same lines (file names may differ)."""
+    def lines(root: str) -> dict[str, list[bytes]]:
+        found: dict[str, list[bytes]] = {}
+        for kind in (CLOSES, LATE, DEAD_LETTER):
+            folder = os.path.join(root, kind)
+            found[kind] = sorted(line for name in sorted(os.listdir(folder))
+                                 if name.endswith(".jsonl")
+                                 for line in Path(folder, name).read_bytes().splitlines())
+        return found
+    return lines(a) == lines(b)
+
+
+def part_headline(tmp: str, joins: int, stream_joins: int, repeats: int) -> None:
+    """Whole processes, alternated; one table per input size, per runner available."""
+    runners = [("default", [], ["--runner=FnApiRunner"])]
+    if _prism():
+        runners.append(("Prism", ["--runner=PrismRunner"], ["--runner=PrismRunner"]))
+    path, lines = _simulate(tmp, joins)
+    spath, slines = _simulate(tmp, stream_joins)
+    spath = _sorted_by_event_time(spath)
+    variants: dict[str, list[str]] = {}
+    for label, fanin_args, naive_args in runners:
+        variants[f"naive join, {label}"] = _naive_cmd(path, os.path.join(tmp, "hn"), *naive_args)
+        variants[f"fanin bounded, {label}"] = _fanin_cmd(path, os.path.join(tmp, "hf"),
+                                                         *fanin_args)
+    variants["fanin bounded, small input"] = _fanin_cmd(
+        spath, os.path.join(tmp, "hs-b"), "--close-trigger", "watermark")
+    variants["fanin --replay, small input"] = _fanin_cmd(
+        spath, os.path.join(tmp, "hs-r"), "--replay", "--close-trigger", "watermark")
+    runs: dict[str, list[tuple[float, float, float]]] = {name: [] for name in variants}
+    for _ in range(repeats):
+        for name, cmd in variants.items():
+            runs[name].append(_process(cmd))
+    med = {name: (_median([r[0] for r in v]), _median([r[1] for r in v]), max(r[2] for r in v))
+           for name, v in runs.items()}
+    rows = []
+    for label, _, _ in runners:
+        naive, fanin = med[f"naive join, {label}"], med[f"fanin bounded, {label}"]
+        rows.append([f"naive join ({label} runner)", lines, *naive[:2], lines / naive[0],
+                     naive[2], "1.00 / 1.00"])
+        rows.append([f"**fanin run ({label} runner)**", lines, *fanin[:2], lines / fanin[0],
+                     fanin[2], f"**{naive[0] / fanin[0]:.2f}** / {naive[1] / fanin[1]:.2f}"])
+    _table(f"Headline: bounded, whole processes, {lines:,} messages ({joins:,} joins), median "
+           f"of {repeats} alternated runs",
+           ["program", "messages", "wall s", "CPU s", "messages/s (wall)", "peak RSS MiB",
+            "speed vs naive join (wall / CPU)"], rows)
+    bounded, replay = med["fanin bounded, small input"], med["fanin --replay, small input"]
+    same = _same_outputs(os.path.join(tmp, "hs-r"), os.path.join(tmp, "hs-b"))
+    _table(f"Headline: streaming replay vs bounded, whole processes, {slines:,} messages "
+           f"({stream_joins:,} joins, sorted by event time, watermark trigger), default "
+           f"runners, median of {repeats}",
+           ["program", "messages", "wall s", "CPU s", "messages/s (wall)", "peak RSS MiB",
+            "time vs bounded (wall / CPU)"],
+           [["fanin run (FnApiRunner)", slines, *bounded[:2], slines / bounded[0], bounded[2],
+             "1.00 / 1.00"],
+            ["fanin run --replay (BundleBasedDirectRunner)", slines, *replay[:2],
+             slines / replay[0], replay[2],
+             f"**{replay[0] / bounded[0]:.2f}** / {replay[1] / bounded[1]:.2f}"]])
+    print(f"\nreplay outputs identical to the bounded run's: {same}")
 
 
 # ------------------------------------------------------------------------- bounded variants
@@ -496,12 +623,25 @@ def main(argv: list[str] | None = None) -> int:
                         help="replay workload size (growth: this and a quarter of it)")
     parser.add_argument("--open-joins", type=int, default=100_000)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--joins", type=int, default=29_000,
+                        help="headline: joins of the bounded input (29,000: ~200,000 lines)")
+    parser.add_argument("--stream-joins", type=int, default=3_000,
+                        help="headline: joins of the replay input (3,000: ~20,800 lines)")
+    parser.add_argument("--quick", action="store_true",
+                        help="what `make bench` runs: the headline, then the in-process parts "
+                             "at half size, growth and trigger left out")
     parser.add_argument("--only", choices=PARTS, action="append",
                         help="run only this part (repeatable)")
     args = parser.parse_args(argv)
     parts = args.only or list(PARTS)
+    if args.quick:
+        parts = args.only or ["headline", "memory", "bounded", "stream"]
+        args.messages, args.stream_messages = args.messages // 2, args.stream_messages // 2
+        args.open_joins //= 2
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="fanin-bench-") as tmp:
+        if "headline" in parts:
+            part_headline(tmp, args.joins, args.stream_joins, args.repeats)
         if "memory" in parts:  # first: the child's peak RSS starts at the parent's (fork+exec)
             part_memory(args.open_joins)
         if "bounded" in parts:
