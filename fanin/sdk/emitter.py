@@ -6,7 +6,9 @@ Guarantees:
   event time is its context's ``opened_at``. Messages satisfy docs/spec.md §1 exactly.
 - Nothing ``fanin run`` would dead-letter is sent. Each message is encoded, then checked by the
   pipeline's own parser (``fanin.sdk.messages.refuse_unparsable``) with this emitter's
-  ``max_bytes`` (keep it equal to ``fanin run --max-bytes``): a refused message raises
+  ``max_bytes`` (keep it equal to ``fanin run --max-bytes``) and, when given, the
+  ``contracts`` names of the pipeline's contracts file (``unknown_contract`` otherwise; without
+  them any contract name passes): a refused message raises
   ``MessageRefused`` (a ``ValueError``) naming the join, the branch, the dead-letter code and the
   parser's reason, at the call, and nothing is sent. A value that is not JSON at all raises
   ``TypeError``.
@@ -51,7 +53,7 @@ import inspect
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container, Iterable
 from types import TracebackType
 from typing import Any, TypeVar, cast
 
@@ -100,8 +102,9 @@ class Emitter:
     def __init__(self, sink: Sink, *, clock: Clock = time.time,
                  timer: Callable[[], float] = time.monotonic,
                  new_id: Callable[[], str] = _uuid_hex, max_bytes: int = DEFAULT_MAX_BYTES,
-                 max_tracked: int = 100_000) -> None:
+                 max_tracked: int = 100_000, contracts: Container[str] | None = None) -> None:
         self.sink = sink
+        self.contracts = contracts
         self.clock = clock
         self.timer = timer
         self.new_id = new_id
@@ -124,7 +127,7 @@ class Emitter:
                 rest = len(encode_message(msg).encode("utf-8"))
                 msg["error"] = fit_error(error, self.max_bytes - rest)
                 line = encode_message(msg)
-        refuse_unparsable(msg, line, self.max_bytes)
+        refuse_unparsable(msg, line, self.max_bytes, self.contracts)
         return line
 
     def _send(self, msg: dict[str, Any]) -> dict[str, Any]:

@@ -18,15 +18,15 @@ Guarantees:
   ``MessageRefused`` with the dead-letter code and reason when ``fanin run`` would refuse it:
   size over ``max_bytes``, nesting deeper than ``MAX_DEPTH``, fields that collide once encoded
   (``{1: ..., "1": ...}``), a branch both required and optional, a number the message table
-  refuses (``deadline_s=10**400``)... The rules live in the parser only; contract names are not
-  checked (the emitter does not know the catalog).
+  refuses (``deadline_s=10**400``)... The rules live in the parser only; contract names are
+  checked only against the names given (the emitter does not read the contracts file).
 - ``fit_error(text, budget)`` makes any error text sendable (see its docstring for the rule).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 from typing import Any, Literal
 
 from fanin.contracts.jsonvalue import MAX_DEPTH, encode_str
@@ -152,10 +152,13 @@ _ANY_CONTRACT = _AnyContract()
 _SOURCE = {"kind": "sdk"}
 
 
-def refuse_unparsable(msg: dict[str, Any], line: str, max_bytes: int) -> None:
-    """Raise ``MessageRefused`` if ``fanin run`` (``--max-bytes max_bytes``) would dead-letter
-    ``line``, the encoding of ``msg``; the decision is ``parse_message``'s, nothing else."""
-    _, dead = parse_message(line, _SOURCE, _ANY_CONTRACT, max_bytes)
+def refuse_unparsable(msg: dict[str, Any], line: str, max_bytes: int,
+                      contracts: Container[str] | None = None) -> None:
+    """Raise ``MessageRefused`` if ``fanin run`` (``--max-bytes max_bytes``, a contracts file
+    naming ``contracts``; ``None``: any name) would dead-letter ``line``, the encoding of
+    ``msg``; the decision is ``parse_message``'s, nothing else."""
+    _, dead = parse_message(line, _SOURCE, _ANY_CONTRACT if contracts is None else contracts,
+                            max_bytes)
     if dead is not None:
         raise MessageRefused(_where(msg), dead["error"], dead["detail"])
 

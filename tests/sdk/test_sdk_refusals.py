@@ -265,3 +265,12 @@ def test_attempt_sources_and_their_precedence(emitter: Emitter, sink: MemorySink
     assert "attempt" not in ctx.to_dict()  # unchanged on the wire when not set
     with pytest.raises(ValueError, match="attempt"):
         ctx.with_attempt(0)
+
+
+def test_contract_names_are_checked_when_the_emitter_knows_them(sink: MemorySink) -> None:
+    emitter = Emitter(sink, contracts={"triage"})
+    emitter.open(JoinContext.new(contract="triage"))
+    with pytest.raises(MessageRefused, match=r"\(unknown_contract\): no contract named 'triag'"):
+        emitter.open(JoinContext.new(contract="triag"))
+    Emitter(sink).open(JoinContext.new(contract="triag"))  # without names: any contract passes
+    assert len(sink.lines) == 2
