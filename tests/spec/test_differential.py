@@ -118,3 +118,20 @@ def test_replay_in_arrival_order_keeps_the_invariants(
     found = replay_run(lines, tmp_path_factory.mktemp("arrival"), CONTRACTS_YAML, ENV,
                        trigger=trigger, max_disorder_s=5.0)
     check_run(lines, found, eager=True)
+
+
+def test_a_straggler_after_the_tombstone_starts_a_fresh_join(tmp_path: Path) -> None:
+    """docs/spec.md §4 Tombstones: after D + retention_s a message starts a fresh join, in a
+    bounded run and in a sorted replay alike, even when nothing else moved the watermark."""
+    lines = [json.dumps({"kind": "open", "join_id": "s", "opened_at": "2026-01-01T00:00:00Z",
+                         "contract": "c6"}),
+             json.dumps({"join_id": "s", "branch": "a", "status": "ok", "contract": "c6",
+                         "event_time": "2026-01-01T00:00:20Z"})]  # c6: D 00:10, expiry 00:15
+    expected = reference_outputs(lines, ENV)
+    assert [c["closed_at"] for c in expected["closes"]] == \
+        ["2026-01-01T00:00:10.000Z", "2026-01-01T00:00:30.000Z"]
+    assert_same(lines, ENV, {
+        "core": core_run(lines, ENV),
+        "bounded": bounded_run(lines, tmp_path / "bounded", CONTRACTS_YAML, ENV),
+        "replay": replay_run(lines, tmp_path / "replay", CONTRACTS_YAML, ENV),
+    })
