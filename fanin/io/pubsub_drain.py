@@ -56,6 +56,11 @@ __all__ = ["Drain", "DrainableLocalRead", "drain_on_signals"]
 
 # How long an idle read waits (for a message or a drain) before pulling again.
 _IDLE_WAIT_S = 0.2
+# How long a read waits after a failed pull before trying again.
+_RETRY_WAIT_S = 1.0
+# Longest a single pull may take (it returns at once unless the service is unreachable).
+_PULL_TIMEOUT_S = 10.0
+_LOG = logging.getLogger("fanin")
 # The last instant of the global window: a drained read holds its watermark there first.
 _END = GlobalWindow().max_timestamp()
 # Consecutive quiescent checks (each _IDLE_WAIT_S / 2 apart) before the hold is released.
@@ -82,6 +87,7 @@ class Drain:
         self.token = token or uuid.uuid4().hex
         self._event = threading.Event()
         self._settled = 0
+        self.outage: str | None = None  # the error of the read's failing pulls, if failing
         _DRAINS[self.token] = self
 
     def request(self) -> None:
@@ -123,22 +129,55 @@ class DrainableLocalRead(_DirectReadFromPubSub):
 
 
 class _IdlePollingClient:
-    """A subscriber client whose ``pull`` returns at once and, when nothing came, waits up to
-    0.2 s (returning early on a drain request) instead of holding the pull open for 30 s."""
+    """A subscriber client for the read: ``pull`` returns at once and, when nothing came, waits
+    up to 0.2 s (returning early on a drain request) instead of holding the pull open for 30 s.
+
+    Outages: a pull or acknowledge that fails (service unreachable, subscription gone) does not
+    fail the job. The first failure is logged as a warning, pulls are retried every second, and
+    the recovery is logged; a Ctrl-C meanwhile drains as usual. A failed acknowledge means the
+    service may deliver those messages again: they are processed now, and again on redelivery,
+    where the join counts them as duplicates (or late, after its close).
+    """
 
     def __init__(self, client: Any, drain: Drain) -> None:
         self._client = client
         self._drain = drain
 
     def pull(self, subscription: str, max_messages: int, timeout: float) -> Any:
-        response = self._client.pull(subscription=subscription, max_messages=max_messages,
-                                     return_immediately=True, timeout=timeout)
+        from google.api_core.exceptions import GoogleAPIError
+        from google.cloud.pubsub_v1.types import PullResponse
+
+        try:
+            # No client retries: an outage shows at once (logged) and this loop retries.
+            response = self._client.pull(subscription=subscription, max_messages=max_messages,
+                                         return_immediately=True, retry=None,
+                                         timeout=min(timeout, _PULL_TIMEOUT_S))
+        except GoogleAPIError as error:
+            if self._drain.outage is None:
+                _LOG.warning("fanin: pulling %s failed (%s: %s); retrying every %g s until "
+                             "it answers (Ctrl-C drains the run)", subscription,
+                             type(error).__name__, str(error).splitlines()[0][:200],
+                             _RETRY_WAIT_S)
+            self._drain.outage = type(error).__name__
+            self._drain.wait(_RETRY_WAIT_S)
+            return PullResponse()
+        if self._drain.outage is not None:
+            _LOG.warning("fanin: pulling %s works again after %s", subscription,
+                         self._drain.outage)
+            self._drain.outage = None
         if not response.received_messages:
             self._drain.wait(_IDLE_WAIT_S)
         return response
 
     def acknowledge(self, subscription: str, ack_ids: list[str]) -> None:
-        self._client.acknowledge(subscription=subscription, ack_ids=ack_ids)
+        from google.api_core.exceptions import GoogleAPIError
+
+        try:
+            self._client.acknowledge(subscription=subscription, ack_ids=ack_ids)
+        except GoogleAPIError as error:
+            _LOG.warning("fanin: acknowledging %d message(s) of %s failed (%s); Pub/Sub may "
+                         "deliver them again, counted then as duplicates", len(ack_ids),
+                         subscription, type(error).__name__)
 
 
 class _DrainableReadEvaluator(_PubSubReadEvaluator):

@@ -162,10 +162,13 @@ class PubSubEmulator:
             return False
         return True
 
-    def restart(self) -> None:
-        """Stop and start again on the same port, then re-create the topics and subscriptions
-        (the emulator forgets them, and every message it held, when it stops)."""
+    def restart(self, while_down: Callable[[], Any] | None = None) -> None:
+        """Stop and start again on the same port (calling ``while_down()`` in between), then
+        re-create the topics and subscriptions (the emulator forgets them, and every message it
+        held, when it stops)."""
         self.stop()
+        if while_down is not None:
+            while_down()
         self.start()
         for topic in self._topics:
             self.publisher.create_topic(name=topic)
