@@ -1,9 +1,12 @@
 """A worker failure inside the real join, on the multi-process local runner.
 
 The failure is injected without editing the pipeline: ``build`` (the production wiring) is
-given a ``Catalog`` subclass whose ``definition`` — called by the join for every join it
-decides — raises. "Once" is coordinated across worker processes by an exclusively created
-flag file, so exactly one bundle fails once; "always" fails every bundle that decides a join.
+given a ``Catalog`` subclass that raises when a worker process unpickles it, i.e. when a
+worker sets up the join step for a bundle. (A failure *inside* the core, e.g. in
+``Catalog.definition`` while deciding, is contained to its join since issue 13 and is tested
+in ``tests/reliability/test_poison.py``; this test is about failures of the worker itself.)
+"Once" is coordinated across worker processes by an exclusively created flag file, so exactly
+one bundle fails once; "always" fails every bundle of the join step.
 The run must either retry and complete with exactly the closes of a clean run, or fail loudly
 (an exception from ``run``/``wait_until_finish``) — never complete with missing closes. Output
 files a failed run leaves behind must be complete, correct files (identical to a clean run's)
@@ -24,7 +27,7 @@ import pytest
 from apache_beam.internal import cloudpickle
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from fanin.contracts.catalog import Catalog, Contract, Definition, JoinDefaults, load_contracts
+from fanin.contracts.catalog import Catalog, Contract, JoinDefaults, load_contracts
 from fanin.fleet.simulate import CONTRACTS_PATH, write_simulation
 from fanin.pipelines.pipeline import RunConfig, build, run_pipeline
 
@@ -42,24 +45,26 @@ class InjectedFault(RuntimeError):
 
 
 class FlakyCatalog(Catalog):
-    """A catalog whose ``definition`` raises: once overall (``flag`` file) or always."""
+    """A catalog that fails to load in a worker process (any process but the one that built
+    the pipeline): once overall (``flag`` file) or always."""
 
     def __init__(self, contracts: Mapping[str, Contract], defaults: JoinDefaults, flag: str,
-                 always: bool) -> None:
+                 always: bool, driver: int) -> None:
         super().__init__(contracts, defaults)
-        self._flag, self._always = flag, always
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (FlakyCatalog, (self.contracts, self.defaults, self._flag, self._always))
-
-    def definition(self, *args: Any, **kwargs: Any) -> Definition:
+        self._flag, self._always, self._driver = flag, always, driver
+        if os.getpid() == driver:
+            return
         if self._always:
             raise InjectedFault("injected: every bundle fails")
         try:
             os.close(os.open(self._flag, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
         except FileExistsError:
-            return super().definition(*args, **kwargs)
+            return
         raise InjectedFault("injected: this bundle fails once")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (FlakyCatalog, (self.contracts, self.defaults, self._flag, self._always,
+                               self._driver))
 
 
 def read(out: Path) -> dict[str, list[str]]:
@@ -83,7 +88,7 @@ def run_flaky(path: Path, out: Path, always: bool) -> None:
     for kind in KINDS:
         (out / kind).mkdir(parents=True)
     catalog = FlakyCatalog(load_contracts(CONTRACTS_PATH), JoinDefaults(),
-                           str(out / "fault.flag"), always)
+                           str(out / "fault.flag"), always, os.getpid())
     p = beam.Pipeline(options=PipelineOptions(MULTI))
     build(p, config, catalog)
     p.run().wait_until_finish()
