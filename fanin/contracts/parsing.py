@@ -13,6 +13,7 @@ Guarantees:
 from __future__ import annotations
 
 import base64
+import math
 from collections.abc import Container
 from typing import Any
 
@@ -90,20 +91,60 @@ def _sorted_names(names: list[str] | None) -> tuple[str, ...] | None:
 
 
 def _open_record(msg: OpenMessage, text: str, source: Source) -> R.Record:
-    required = _sorted_names(msg.required)
-    optional = _sorted_names(msg.optional)
-    deadline_ms = None if msg.deadline_s is None else duration_ms(msg.deadline_s)
+    return _open_fields(msg.join_id, msg.opened_at, text, source, msg.contract, msg.run_id,
+                        msg.message_id, msg.required, msg.optional, msg.deadline_s,
+                        msg.allow_partial, msg.fail_fast)
+
+
+def _open_fields(join_id: str, opened_at: int, text: str, source: Source, contract: str | None,
+                 run_id: str | None, message_id: str | None, required: list[str] | None,
+                 optional: list[str] | None, deadline_s: float | None,
+                 allow_partial: bool | None, fail_fast: bool | None) -> R.Record:
+    names, extra = _sorted_names(required), _sorted_names(optional)
+    deadline_ms = None if deadline_s is None else duration_ms(deadline_s)
     # The open as canonical JSON, over the message table (docs/spec.md §1) only (not run_id /
-    # message_id / unknown
-    # fields), opened_at normalised, branch lists as sorted sets, absent (or null) omitted.
-    fields = {"kind": "open", "join_id": msg.join_id, "opened_at": format_ms(msg.opened_at),
-              "contract": msg.contract, "required": required, "optional": optional,
-              "deadline_s": msg.deadline_s, "allow_partial": msg.allow_partial,
-              "fail_fast": msg.fail_fast}
+    # message_id / unknown fields), opened_at normalised, branch lists as sorted sets, absent
+    # (or null) omitted.
+    fields = {"kind": "open", "join_id": join_id, "opened_at": format_ms(opened_at),
+              "contract": contract, "required": names, "optional": extra,
+              "deadline_s": deadline_s, "allow_partial": allow_partial, "fail_fast": fail_fast}
     canon = canonical({name: value for name, value in fields.items() if value is not None})
-    return (R.OPEN, msg.join_id, msg.opened_at, text, source, msg.contract, msg.run_id,
-            msg.message_id, required, optional, deadline_ms, msg.allow_partial, msg.fail_fast,
-            canon)
+    return (R.OPEN, join_id, opened_at, text, source, contract, run_id, message_id, names,
+            extra, deadline_ms, allow_partial, fail_fast, canon)
+
+
+def _names(value: Any) -> bool:
+    """None or a list of non-empty strings (``OpenMessage``'s branch lists)."""
+    return value is None or (type(value) is list and all(type(n) is str and n for n in value))
+
+
+def _optional_bool(value: Any) -> bool:
+    return value is None or type(value) is bool
+
+
+def _fast_open(obj: dict[str, Any], text: str, source: Source) -> R.Record | None:
+    """The record of an open whose every field is plainly valid, else None: exactly
+    ``OpenMessage``'s rules, checked by hand (pydantic explains everything else)."""
+    get = obj.get
+    join_id, opened, contract, deadline = (get("join_id"), get("opened_at"), get("contract"),
+                                           get("deadline_s"))
+    required, optional = get("required"), get("optional")
+    if not (type(join_id) is str and 0 < len(join_id) <= 256 and type(opened) is str
+            and (contract is None or (type(contract) is str and contract))
+            and _optional_str(get("run_id")) and _optional_str(get("message_id"))
+            and _names(required) and _names(optional)
+            and (deadline is None or (type(deadline) is float and 0 < deadline < math.inf)
+                 or (type(deadline) is int and 0 < deadline < 2**53))
+            and _optional_bool(get("allow_partial")) and _optional_bool(get("fail_fast"))):
+        return None
+    try:
+        opened_at = parse_rfc3339(opened)
+    except ValueError:
+        return None
+    return _open_fields(join_id, opened_at, text, source, contract, get("run_id"),
+                        get("message_id"), required, optional,
+                        None if deadline is None else float(deadline), get("allow_partial"),
+                        get("fail_fast"))
 
 
 def _receipt_record(msg: ReceiptMessage, text: str, source: Source) -> R.Record:
@@ -201,12 +242,12 @@ def parse_message(data: bytes | str, source: Source, contracts: Container[str], 
             record = _fast_receipt(obj, text, source) or \
                 _receipt_record(ReceiptMessage.model_validate(obj), text, source)
         elif kind == "open":
-            opened = OpenMessage.model_validate(obj)
-            both = set(opened.required or ()) & set(opened.optional or ())
+            record = _fast_open(obj, text, source) or \
+                _open_record(OpenMessage.model_validate(obj), text, source)
+            both = set(record[R.O_REQUIRED] or ()) & set(record[R.O_OPTIONAL] or ())
             if both:
                 return None, dead_letter("invalid_message", "branches both required and "
                                          f"optional: {sorted(both)}", text, source)
-            record = _open_record(opened, text, source)
         else:
             return None, dead_letter("invalid_message",
                                      "field kind: must be \"open\" or \"receipt\"", text, source)
