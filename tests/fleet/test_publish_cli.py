@@ -12,6 +12,7 @@ from pathlib import Path
 
 from support.child_env import same_code_env
 from support.emulator import PubSubEmulator, wait_for
+from support.fanin_runs import jsonl_lines
 
 from fanin.cli import main as fanin_main
 from fanin.transforms.read import numbered_lines
@@ -59,7 +60,7 @@ def test_publish_sends_exactly_the_messages_fanin_run_reads(
     out = tmp_path / "out"
     assert fanin_main(["run", "--input", str(path), "--output", str(out)]) == 0
     dead = [json.loads(line) for f in (out / "dead_letter").glob("*.jsonl")
-            for line in f.read_text().splitlines()]
+            for line in jsonl_lines(f)]
     assert sorted(d["raw"] for d in dead if d["error"] == "invalid_json") == ["\t", "   "]
 
 

@@ -59,7 +59,7 @@ def sendable(value: Any) -> bool:
 TEXTS = st.one_of(
     st.text(max_size=8),
     st.text(st.characters(min_codepoint=0xD7F0, max_codepoint=0xE010), max_size=4),  # surrogates
-    st.sampled_from(["", "x" * 300_000, "\"quoted\"\n\\", "\x00\x1f"]),
+    st.sampled_from(["", "x" * 300_000, "\"quoted\"\n\\", "\x00\x1f", "\u2028 \x85 \x1c"]),
 )
 KEYS = st.one_of(st.sampled_from(["1", "null", "true", "1.5", "a"]), st.integers(0, 2),
                  st.none(), st.booleans(), st.just(1.5))

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from support.child_env import same_code_env
-from support.fanin_runs import run_fanin
+from support.fanin_runs import jsonl_lines, run_fanin
 
 from fanin.contracts.parsing import parse_message
 from fanin.sdk import (
@@ -235,7 +235,7 @@ def test_a_retry_in_another_process_supersedes_the_failed_attempt(tmp_path: Path
             r.value = True
     subprocess.run([sys.executable, "-c", RETRY_WORKER, handed_over, str(traffic)], check=True,
                    cwd=tmp_path, env=same_code_env())
-    lines = traffic.read_text(encoding="utf-8").splitlines()
+    lines = jsonl_lines(traffic)
     assert [json.loads(line).get("attempt") for line in lines] == [None, 1, 1, 2]
     close = run_fanin(lines, tmp_path)[ctx.join_id]
     assert close["reason"] == "complete"

@@ -36,6 +36,12 @@ def join_ids(lines: Iterable[str]) -> list[str]:
     return [m["join_id"] for m in map(json.loads, lines) if m.get("kind") == "open"]
 
 
+def jsonl_lines(path: Path) -> list[str]:
+    """The lines of a JSON-lines file: split at ``\\n`` only (``str.splitlines`` also splits
+    at U+2028, U+0085, ``\\x1c``..., which JSON strings may hold unescaped)."""
+    return [line for line in path.read_text(encoding="utf-8").split("\n") if line]
+
+
 def run_fanin(lines: list[str], folder: Path) -> Closes:
     """``fanin run`` over ``lines`` (written to ``folder``); its closes by ``join_id``.
 
@@ -46,8 +52,8 @@ def run_fanin(lines: list[str], folder: Path) -> Closes:
     out = folder / "out"
     assert fanin_main(["run", "--input", str(traffic), "--output", str(out)]) == 0
     for kind in ("late", "dead_letter"):
-        assert [line for f in (out / kind).glob("*.jsonl")
-                for line in f.read_text().splitlines()] == [], kind
+        assert [line for f in (out / kind).glob("*.jsonl") for line in jsonl_lines(f)] == [], \
+            kind
     closes = [json.loads(line) for f in (out / "closes").glob("*.jsonl")
-              for line in f.read_text().splitlines()]
+              for line in jsonl_lines(f)]
     return {c["join_id"]: c for c in closes}
