@@ -24,8 +24,10 @@ from __future__ import annotations
 import calendar
 import datetime
 import json
+import logging
 import os
 import re
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -35,6 +37,7 @@ from apache_beam.io.gcp.pubsub import (
     ReadFromPubSub,
     WriteToPubSub,
 )
+from apache_beam.metrics import Metrics
 from apache_beam.transforms.window import TimestampedValue
 from apache_beam.utils.timestamp import Timestamp
 
@@ -50,6 +53,7 @@ __all__ = [
     "validate_topic_path",
 ]
 
+_LOG = logging.getLogger("fanin")
 _EPOCH_MILLIS = re.compile(r"-?\d{1,18}\Z")
 # What the Pub/Sub service accepts (its resource-name rules; the emulator is more lenient).
 _PROJECT_ID = re.compile(r"([a-z][-a-z0-9.]{0,61}[a-z0-9]:)?[a-z][-a-z0-9]{4,28}[a-z0-9]\Z")
@@ -146,13 +150,62 @@ def _publish_time_rfc3339(publish_time: datetime.datetime | None) -> str | None:
     return format_ms(seconds * 1000 + publish_time.microsecond // 1000)
 
 
-class _ToRecord(beam.DoFn):
-    """PubsubMessage -> (data, source), re-stamped from the timestamp attribute when valid."""
+class _StaleReport:
+    """Counts messages whose event time is older than ``stale_after_ms`` before the clock and
+    reports them as one warning with counts: at the end of the first bundle that had any, then
+    at most once a minute while more arrive. Their joins' tombstones (deadline + retention) are
+    gone by the time they arrive, so each such message starts a join afresh: replayed history
+    sent to a live subscription closes the same joins again and again."""
 
-    def __init__(self, source_kind: str, source_name: str, timestamp_attribute: str | None):
+    _EVERY_S = 60.0
+
+    def __init__(self, stale_after_ms: int) -> None:
+        self.stale_after_ms = stale_after_ms
+        self.total = 0
+        self._unreported = 0
+        self._oldest_ms: int | None = None
+        self._reported_at: float | None = None
+        self._counter = Metrics.counter("fanin", "pubsub_older_than_retention")
+
+    def note(self, event_ms: int) -> None:
+        if event_ms >= time.time() * 1000 - self.stale_after_ms:
+            return
+        self.total += 1
+        self._unreported += 1
+        self._oldest_ms = event_ms if self._oldest_ms is None else min(self._oldest_ms, event_ms)
+        self._counter.inc()
+
+    def report(self) -> None:
+        now = time.monotonic()
+        if not self._unreported or (self._reported_at is not None
+                                    and now - self._reported_at < self._EVERY_S):
+            return
+        _LOG.warning(
+            "fanin: %d Pub/Sub message(s) (%d since the last report; oldest event time %s) are "
+            "older than the longest deadline + tombstone retention (%g s): their joins start "
+            "afresh and may close again. Replaying history? Use fanin run --input for files, "
+            "or fanin simulate --start now --rate N/s for live traffic",
+            self.total, self._unreported, format_ms(self._oldest_ms or 0),
+            self.stale_after_ms / 1000)
+        self._unreported = 0
+        self._reported_at = now
+
+
+class _ToRecord(beam.DoFn):
+    """PubsubMessage -> (data, source), re-stamped from the timestamp attribute when valid;
+    messages older than ``stale_after_ms`` are reported (``_StaleReport``)."""
+
+    def __init__(self, source_kind: str, source_name: str, timestamp_attribute: str | None,
+                 stale_after_ms: int | None = None):
         self._source_kind = source_kind
         self._source_name = source_name
         self._timestamp_attribute = timestamp_attribute
+        self._stale_after_ms = stale_after_ms
+        self._stale: _StaleReport | None = None
+
+    def setup(self) -> None:
+        if self._stale_after_ms is not None:
+            self._stale = _StaleReport(self._stale_after_ms)
 
     def process(self, message: PubsubMessage):
         attributes = dict(message.attributes or {})
@@ -173,7 +226,13 @@ class _ToRecord(beam.DoFn):
             # Keep the source's timestamp: the publish time.
             yield record
         else:
+            if self._stale is not None:
+                self._stale.note(event_ms)
             yield TimestampedValue(record, Timestamp(micros=event_ms * 1000))
+
+    def finish_bundle(self) -> None:
+        if self._stale is not None:
+            self._stale.report()
 
 
 def _on_dataflow(pipeline: beam.Pipeline) -> bool:
@@ -215,6 +274,11 @@ class ReadMessages(beam.PTransform):
     ``DrainableLocalRead``; ``drain.request()`` (``drain`` given here, or the one created and
     exposed as ``self.drain``) stops pulling and lets every open join close and be written, as
     a Dataflow drain does. On other runners ``drain`` is unused (drain the job with the runner).
+
+    ``stale_after_ms``: messages whose timestamp attribute is older than this before the clock
+    are counted (metric ``fanin/pubsub_older_than_retention``) and reported in one warning
+    with counts (repeated at most once a minute while more arrive); ``fanin run`` passes the
+    longest deadline + tombstone retention of its contracts and defaults.
     """
 
     def __init__(
@@ -224,6 +288,7 @@ class ReadMessages(beam.PTransform):
         timestamp_attribute: str | None = "event_time",
         id_label: str | None = None,
         drain: Drain | None = None,
+        stale_after_ms: int | None = None,
     ) -> None:
         super().__init__()
         if (subscription is None) == (topic is None):
@@ -237,6 +302,7 @@ class ReadMessages(beam.PTransform):
         self._timestamp_attribute = timestamp_attribute
         self._id_label = id_label
         self.drain = drain or Drain()
+        self._stale_after_ms = stale_after_ms
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection:
         if self._id_label is not None and not _on_dataflow(pbegin.pipeline):
@@ -258,7 +324,8 @@ class ReadMessages(beam.PTransform):
             pbegin
             | "ReadFromPubSub" >> read
             | "ToRecord"
-            >> beam.ParDo(_ToRecord(kind, name, self._timestamp_attribute)).with_output_types(
+            >> beam.ParDo(_ToRecord(kind, name, self._timestamp_attribute,
+                                    self._stale_after_ms)).with_output_types(
                 tuple[bytes, dict[str, Any]]
             )
         )

@@ -156,7 +156,8 @@ def build(p: beam.Pipeline, config: RunConfig, catalog: Catalog,
         from fanin.io.pubsub import ReadMessages
 
         raw = p | "Read" >> ReadMessages(subscription=config.subscription, topic=config.topic,
-                                         id_label=config.id_label, drain=drain)
+                                         id_label=config.id_label, drain=drain,
+                                         stale_after_ms=replay_horizon_ms(catalog))
     parsed = raw | "Parse" >> ParseMessages(frozenset(catalog.contracts), config.max_bytes)
     joined = parsed.records | "Join" >> JoinRecords(catalog, config.streaming,
                                                     config.max_messages_per_join,

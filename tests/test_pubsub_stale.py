@@ -1,0 +1,64 @@
+"""Issue 20 item 1 (the run's half): messages older than the tombstone retention, received on
+Pub/Sub, are reported in one warning with counts (against Google's Pub/Sub emulator)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+import apache_beam as beam
+import pytest
+from apache_beam.metrics.metric import MetricsFilter
+from apache_beam.options.pipeline_options import PipelineOptions
+from support.emulator import PubSubEmulator, wait_for
+
+from fanin.contracts.catalog import JoinDefaults
+from fanin.contracts.timefmt import format_ms
+from fanin.io.pubsub_drain import Drain
+from fanin.pipelines.pipeline import RunConfig, build, catalog_for
+
+OLD = "2026-01-01T00:00:00.000Z"
+
+
+def test_messages_older_than_retention_are_reported_once_with_counts(
+    pubsub_emulator: PubSubEmulator, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    topic, subscription = pubsub_emulator.topic_and_subscription("stale")
+    now = format_ms(int(time.time() * 1000))
+    old = [{"kind": "open", "join_id": f"old-{i}", "opened_at": OLD, "required": ["a"]}
+           for i in range(5)]
+    fresh = [{"kind": "open", "join_id": "fresh", "opened_at": now, "required": ["a"]},
+             {"join_id": "fresh", "branch": "a", "status": "ok", "event_time": now}]
+    for message in old + fresh:
+        stamp = message.get("event_time") or message["opened_at"]
+        pubsub_emulator.publish(topic, json.dumps(message).encode(), event_time=stamp)
+    # retention 1 day: deadline 30 s + 1 day is the horizon a message may be behind the clock
+    config = RunConfig(output=str(tmp_path / "out"), subscription=subscription, window_s=1,
+                       defaults=JoinDefaults(retention_s=86400))
+    p = beam.Pipeline(options=PipelineOptions(["--runner=BundleBasedDirectRunner",
+                                               "--streaming"]))
+    drain = Drain()
+    build(p, config, catalog_for(config), drain)
+    caplog.set_level(logging.WARNING, logger="fanin")
+    result = p.run()
+    counter = MetricsFilter().with_name("pubsub_older_than_retention")
+
+    def counted() -> int:
+        return sum(c.committed or 0 for c in result.metrics().query(counter)["counters"])
+
+    try:
+        assert wait_for(lambda: counted() == len(old) and any(
+            "older than the longest" in r.getMessage() for r in caplog.records), 60, 0.2)
+        drain.request()
+        result.wait_until_finish()
+    finally:
+        if not drain.requested:
+            result.cancel()
+    warnings = [message for message in (r.getMessage() for r in caplog.records)
+                if "older than the longest" in message]
+    assert len(warnings) == 1  # one warning, repeated at most once a minute
+    assert f"oldest event time {OLD}" in warnings[0]
+    assert "(86430 s)" in warnings[0] and "fanin simulate --start now" in warnings[0]
+    assert counted() == len(old)  # the fresh join's messages are not counted
