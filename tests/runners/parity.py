@@ -9,6 +9,7 @@ from pathlib import Path
 
 from fanin.cli import main
 from fanin.transforms.read import numbered_lines
+from fanin.transforms.replay import scan_line
 from tests.reliability.runs import KINDS, accounted, read_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,8 +25,9 @@ Multisets = dict[str, Counter[str]]
 
 
 def run_fanin(files: list[str], out: Path, mode: str, *runner: str) -> Multisets:
-    """``fanin run`` over ``files`` in ``mode`` on ``runner`` (must exit 0); checks conservation
-    and returns each output kind as a multiset of canonical JSON objects."""
+    """``fanin run`` over ``files`` in ``mode`` with ``runner`` (and any other) options (must
+    exit 0); checks conservation and returns each output kind as a multiset of canonical JSON
+    objects."""
     args = ["run", *[a for f in files for a in ("--input", f)], "--contracts", str(CONTRACTS),
             "--output", str(out), "--overwrite", *MODE_ARGS[mode], *runner]
     assert main(args) == 0, args
@@ -33,6 +35,19 @@ def run_fanin(files: list[str], out: Path, mode: str, *runner: str) -> Multisets
     assert accounted(outputs) == input_messages(files), "conservation"
     return {kind: Counter(json.dumps(obj, sort_keys=True) for obj in outputs[kind])
             for kind in KINDS}
+
+
+def on_time_disorder_s(files: list[str]) -> float:
+    """The smallest whole ``--max-disorder-s`` with which a replay of ``files`` (in file order)
+    delivers no message behind the watermark."""
+    largest = worst = 0
+    for path in files:
+        for line, _ in numbered_lines(path):
+            t = scan_line(line)[0]
+            if t is not None:
+                largest = max(largest, t)
+                worst = max(worst, largest - t)
+    return float(worst // 1000 + 1)
 
 
 def input_messages(files: list[str]) -> int:
