@@ -37,11 +37,12 @@ KINDS = ("closes", "late", "dead_letter")
 
 
 def read_output_dir(folder: str | Path) -> dict[str, list[dict[str, Any]]]:
-    """The three outputs of a run's ``--output`` folder (its ``*.jsonl`` files)."""
+    """The three outputs of a run's ``--output`` folder (its ``*.jsonl`` files). Lines end at
+    ``\n`` only: a value may hold U+2028 or U+0085 unescaped, where ``str.splitlines`` splits."""
     found: dict[str, list[dict[str, Any]]] = {}
     for kind in KINDS:
         found[kind] = [json.loads(line) for path in sorted((Path(folder) / kind).glob("*.jsonl"))
-                       for line in path.read_text(encoding="utf-8").splitlines() if line]
+                       for line in path.read_text(encoding="utf-8").split("\n") if line]
     return found
 
 
