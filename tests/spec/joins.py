@@ -60,7 +60,7 @@ CONTRACTS = parse_contracts(CONTRACTS_YAML)
 NAMES = sorted(CONTRACTS)
 BRANCHES = ["a", "b", "o", "r/x", "r/y", "r/z", "rx", "u"]
 SKIP_PATHS = ["r", "a", "r/x", "o", "u", "r/z"]
-VALUES: list[Any] = [1, 2, 1.0, "x", 0.5, 7, None, [1], {"v": 1}, True]
+VALUES: list[Any] = [1, 2, 1.0, "x", 0.5, 7, None, [1], {"v": 1}, True, "é\u2028"]
 BASE_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 
 
@@ -193,7 +193,8 @@ def join_messages(d: Draw, join_id: str, base: int = BASE_MS) -> list[dict[str, 
 
 def batch_lines(d: Draw, joins: int, spacing_ms: int = 100) -> list[str]:
     """The lines of ``joins`` joins, their times overlapping, interleaved."""
-    per_join = [[json.dumps(m) for m in join_messages(d, f"j{i}", BASE_MS + spacing_ms * i)]
+    per_join = [[json.dumps(m, ensure_ascii=False)
+                 for m in join_messages(d, f"j{i}", BASE_MS + spacing_ms * i)]
                 for i in range(joins)]
     lines: list[str] = []
     while live := [msgs for msgs in per_join if msgs]:
