@@ -23,7 +23,7 @@ from fanin.contracts.timefmt import format_ms
 from fanin.io import parquet
 from fanin.io.files import atomic_write
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00.000Z
 
 # Hand-written lines in exactly the layout of the lead's brief (not produced by our code).

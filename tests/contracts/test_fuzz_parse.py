@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from fanin.contracts import records as R
 from fanin.contracts.parsing import DEFAULT_MAX_BYTES, ERRORS, parse_message
 
-CORPUS = Path(__file__).parent / "data" / "fuzz_corpus"
+CORPUS = Path(__file__).resolve().parents[1] / "data" / "fuzz_corpus"
 CONTRACTS = frozenset({"triage", "review"})
 SOURCE: dict[str, Any] = {"kind": "file", "file": "fuzz.jsonl", "line": 7}
 T0 = "2026-01-01T00:00:00.000Z"

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from fanin.contracts.jsonvalue import MAX_DEPTH, loads, loads_strict
 
-CORPUS = Path(__file__).parent / "data" / "fuzz_corpus"
+CORPUS = Path(__file__).resolve().parents[1] / "data" / "fuzz_corpus"
 SETTINGS = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 _scalars = (st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70)

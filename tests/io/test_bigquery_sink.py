@@ -14,7 +14,7 @@ from fanin.fleet.simulate import CONTRACTS_PATH
 from fanin.io.bigquery import WriteOutputTable, validate_dataset
 from fanin.pipelines.pipeline import RunConfig, build, catalog_for, run_pipeline
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "fanin" / "examples" / "triage.jsonl"
+EXAMPLE = Path(__file__).resolve().parents[2] / "fanin" / "examples" / "triage.jsonl"
 
 
 def test_graph_writes_each_output_to_its_table(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ import pytest
 
 from fanin.pipelines.pipeline import RunConfig, run_pipeline
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 @pytest.mark.parametrize("script", ["fanout_plain.py", "fanout_graph.py"])

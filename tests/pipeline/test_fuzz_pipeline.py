@@ -25,7 +25,7 @@ from fanin.fleet.simulate import CONTRACTS_PATH, write_simulation
 from fanin.pipelines.pipeline import RunConfig, run_pipeline
 from fanin.transforms.replay import scan_line
 
-CORPUS = Path(__file__).parent / "data" / "fuzz_corpus"
+CORPUS = Path(__file__).resolve().parents[1] / "data" / "fuzz_corpus"
 KINDS = ("closes", "late", "dead_letter")
 RETENTION_MS = 604_800_000  # the default retention_s; no bundled contract overrides it
 

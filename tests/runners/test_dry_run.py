@@ -14,7 +14,7 @@ import pytest
 from fanin.pipelines.pipeline import RunConfig, build
 from fanin.runners import DryRunError, dataflow, dry_run, maybe_dry_run
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "fanin" / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "fanin" / "examples"
 IMAGE = "us-docker.pkg.dev/fanin-dry-run/fanin/fanin:2.77.0"
 SUBSCRIPTION = "projects/fanin-dry-run/subscriptions/fanin-in"
 

@@ -22,7 +22,7 @@ from apache_beam.options.pipeline_options import (
 from fanin import cli
 from fanin.runners import dataflow, default_sdk_image, direct, flink, portable, spark
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 FLEX = ROOT / "deploy" / "flex"
 GCP = ("my-project", "us-central1", "gs://my-bucket/tmp")
 

@@ -22,7 +22,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from fanin.pipelines.pipeline import RunConfig, build, catalog_for
 from fanin.runners import stable_names
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 COMMITTED = ROOT / "tests" / "data" / "transform_names.txt"
 HEADER = ("# Stable transform names of the Fanin job: '<mode> <name>' per line (see\n"
           "# tests/test_transform_names.py). Renaming any breaks Dataflow update compatibility.\n")
