@@ -33,7 +33,7 @@ def _names(mode: str) -> list[str]:
     as well, whose transforms are matched by an update too)."""
     examples = ROOT / "fanin" / "examples"
     streaming = mode.startswith("streaming")
-    source = ({"subscription": "projects/fanin-names/subscriptions/in"} if streaming
+    source = ({"subscription": "projects/fanin-names/subscriptions/fanin-in"} if streaming
               else {"inputs": [str(examples / "triage.jsonl")]})
     sinks = {"bigquery_dataset": "fanin-names:fanin", "topics": {
         kind: f"projects/fanin-names/topics/{kind}" for kind in ("closes", "late",
