@@ -282,6 +282,10 @@ def run_pipeline(config: RunConfig, beam_args: Sequence[str]) -> beam.runners.ru
     options = configure_options(config, beam_args)
     runner = options.view_as(StandardOptions).runner
     if config.streaming and not runner.endswith("DataflowRunner"):
+        if config.id_label:  # offline, so before asking Pub/Sub
+            raise ConfigError(f"--id-label needs the Dataflow runner; {runner} does not "
+                              "deduplicate by it (the join's reducer counts redeliveries as "
+                              "duplicates)")
         _check_pubsub_resources(config)
     p = beam.Pipeline(options=options)
     drain = Drain() if config.subscription or config.topic else None

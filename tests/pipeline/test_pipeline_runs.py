@@ -140,7 +140,7 @@ def test_cli_runs_and_refuses_bad_use(traffic: dict[str, Path], tmp_path: Path,
         ["run", "--output", str(out / "w")],
         ["run", "--input", str(traffic["arrival"]), "--output", str(out / "v"),
          "--deadline-s", "0"],
-        ["run", "--subscription", "projects/my-proj/subscriptions/s", "--id-label", "mid",
+        ["run", "--subscription", "projects/my-proj/subscriptions/sub", "--id-label", "mid",
          "--output", str(out / "u")],  # id_label is Dataflow-only
         ["run", "--input", str(tmp_path), "--output", str(out / "t")],  # a folder
     ]
