@@ -46,8 +46,10 @@ def _add_run(subparsers: argparse._SubParsersAction) -> None:
     src = run.add_argument_group("input")
     src.add_argument("--input", action="append", default=[], metavar="GLOB",
                      help="newline-delimited JSON file(s); repeatable; any Beam filesystem")
-    src.add_argument("--subscription", help="Pub/Sub subscription projects/PROJECT/subscriptions/NAME")
-    src.add_argument("--topic", help="Pub/Sub topic projects/PROJECT/topics/NAME (a subscription is made)")
+    src.add_argument("--subscription",
+                     help="Pub/Sub subscription projects/PROJECT/subscriptions/NAME")
+    src.add_argument("--topic",
+                     help="Pub/Sub topic projects/PROJECT/topics/NAME (a subscription is made)")
     src.add_argument("--id-label", metavar="ATTRIBUTE",
                      help="Pub/Sub attribute Dataflow deduplicates by (Dataflow only; the "
                      "local runner refuses it and the reducer's dedup applies)")

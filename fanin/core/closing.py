@@ -37,12 +37,15 @@ from fanin.contracts.catalog import Catalog
 from fanin.core.close import close_object
 from fanin.core.reducer import JoinReducer
 
-__all__ = ["Closed", "Pending", "Undefined", "decide", "decide_all", "late_reason"]
+__all__ = ["Closed", "Pending", "Undefined", "decide", "late_reason"]
 
 
 @dataclass(frozen=True)
 class Closed:
-    """The join closes: ``close`` is the docs/spec.md §5 object; ``late`` are (record, reason)."""
+    """The join closes: ``close`` is the docs/spec.md §5 object; ``late`` are (record, reason);
+    ``reopened`` are the records after the tombstone (event time after both ``D +
+    retention_s`` and ``decided_at``), which start the next join; ``decided_at`` is the time
+    the walk decided at (``closed_at``, ``D``, or the time of records that moved ``D``)."""
 
     close: dict[str, Any]
     closed_at: int
@@ -50,15 +53,19 @@ class Closed:
     reason: str
     retention_ms: int
     late: list[tuple[R.Record, str]]
+    reopened: list[R.Record]
+    decided_at: int
 
 
 @dataclass(frozen=True)
 class Undefined:
-    """No ``required`` set by the deadline: ``rejected`` go to dead-letter, ``rest`` stay."""
+    """No ``required`` set by the deadline: ``rejected`` go to dead-letter, ``rest`` (after
+    ``decided_at``: ``D``, or the time of records that moved ``D``) form the next join."""
 
     rejected: list[R.Record]
     rest: list[R.Record]
     deadline: int
+    decided_at: int
 
 
 @dataclass(frozen=True)
@@ -77,12 +84,15 @@ def late_reason(time: int, deadline: int) -> str:
 
 
 def _closed(reducer: JoinReducer, closed_at: int, ordered: list[R.Record], start: int,
-            deadline: int) -> Closed:
+            deadline: int, decided_at: int) -> Closed:
     defn = reducer.definition
     reason = reducer.reason()
-    late = [(rec, late_reason(rec[_TIME], deadline)) for rec in ordered[start:]]
+    expiry = max(deadline + defn.retention_ms, decided_at)
+    late = [(rec, late_reason(rec[_TIME], deadline)) for rec in ordered[start:]
+            if rec[_TIME] <= expiry]
+    reopened = [rec for rec in ordered[start:] if rec[_TIME] > expiry]
     return Closed(close_object(reducer, closed_at, reason), closed_at, deadline, reason,
-                  defn.retention_ms, late)
+                  defn.retention_ms, late, reopened, decided_at)
 
 
 def _candidate_times(ordered: list[R.Record]) -> list[int]:
@@ -123,7 +133,7 @@ def decide(records: list[R.Record], catalog: Catalog, horizon: int | None
         if reducer.closable() and t >= _opened_at(reducer):
             if horizon is None or t <= horizon or \
                     reducer.definition.close_trigger == "eager":
-                return _closed(reducer, t, ordered, i, deadline)
+                return _closed(reducer, t, ordered, i, deadline, t)
             return Pending(t)
     if deadline is None:
         raise ValueError("decide() needs at least one record")
@@ -157,7 +167,7 @@ def _moved_behind(reducer: JoinReducer, ordered: list[R.Record], i: int, t: int,
         return Pending(t)
     defn, opened, deadline = reducer.definition, _opened_at(reducer), _deadline(reducer)
     if defn.required is None:
-        return Undefined(ordered[:i], ordered[i:], deadline)
+        return Undefined(ordered[:i], ordered[i:], deadline, t)
     pinned = JoinReducer(reducer.catalog)
     pinned.pin(defn, opened, ordered[0][R.JOIN_ID])
     j = 0
@@ -167,9 +177,9 @@ def _moved_behind(reducer: JoinReducer, ordered: list[R.Record], i: int, t: int,
             pinned.add(ordered[j])
             j += 1
         if pinned.closable():
-            return _closed(pinned, at, ordered, j, deadline)
+            return _closed(pinned, at, ordered, j, deadline, t)
         if j == i or ordered[j][_TIME] > deadline:
-            return _closed(pinned, deadline, ordered, j, deadline)
+            return _closed(pinned, deadline, ordered, j, deadline, t)
         at = ordered[j][_TIME]
 
 
@@ -179,21 +189,5 @@ def _at_deadline(reducer: JoinReducer, ordered: list[R.Record], i: int, deadline
     if horizon is not None and horizon < deadline:
         return Pending(deadline)
     if not reducer.defined():
-        return Undefined(ordered[:i], ordered[i:], deadline)
-    return _closed(reducer, deadline, ordered, i, deadline)
-
-
-def decide_all(records: list[R.Record], catalog: Catalog
-               ) -> tuple[Closed | None, list[R.Record]]:
-    """Bounded input: the close of a join (or None) and the records rejected as undefined."""
-    rejected: list[R.Record] = []
-    while records:
-        outcome = decide(records, catalog, None)
-        if isinstance(outcome, Closed):
-            return outcome, rejected
-        if isinstance(outcome, Undefined):
-            rejected.extend(outcome.rejected)
-            records = outcome.rest
-            continue
-        break  # Pending with horizon None only happens for no records
-    return None, rejected
+        return Undefined(ordered[:i], ordered[i:], deadline, deadline)
+    return _closed(reducer, deadline, ordered, i, deadline, deadline)

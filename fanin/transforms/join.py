@@ -41,6 +41,12 @@ from apache_beam.utils.timestamp import Timestamp
 
 from fanin.contracts import records as R
 from fanin.contracts.catalog import Catalog
+from fanin.core.bounded import (
+    TOO_LARGE_DETAIL,
+    UNDEFINED_DETAIL,
+    bounded_outputs,
+    message_bytes,
+)
 from fanin.core.closing import Closed, Undefined, decide, late_reason
 from fanin.core.outcomes import (
     CLOSES,
@@ -57,10 +63,6 @@ __all__ = ["DEFAULT_MAX_BYTES_PER_JOIN", "JoinDoFn", "JoinRecords"]
 
 _LOG = logging.getLogger(__name__)
 _T = TypeVar("_T")
-_UNDEFINED = ("no required branches from the open, its contract or the defaults by the "
-              "deadline")
-_TOO_LARGE = ("the join holds max_messages_per_join messages or max_bytes_per_join bytes of "
-              "messages already")
 _INTERNAL = "internal_error"
 # Dataflow refuses elements over ~80 MB and key commits over ~180 MB. A record in state takes
 # ~4x its message's bytes (text, parsed value, canonical JSON: measured 3.8-4.0x), and a close
@@ -160,28 +162,6 @@ class _Counting(beam.DoFn):
                 yield pvalue.TaggedOutput(tag, obj)
 
 
-def _message_bytes(record: R.Record) -> int:
-    """UTF-8 bytes of the record's message as received (what max_bytes_per_join counts)."""
-    raw = record[R.RAW]
-    return len(raw) if raw.isascii() else len(raw.encode("utf-8"))
-
-
-def _held(records: list[R.Record], max_messages: int, max_bytes: int) -> int:
-    """How many of ``records`` (in arrival order) the join holds: the longest prefix within
-    ``max_messages`` and ``max_bytes`` (the first record always fits)."""
-    total = 0
-    for i, record in enumerate(records[:max_messages]):
-        total += _message_bytes(record)
-        if total > max_bytes and i > 0:
-            return i
-    return min(len(records), max_messages)
-
-
-def _arrival_order(record: R.Record) -> tuple[Any, ...]:
-    """Bounded input has no arrival order: event time, opens first, then the text."""
-    return (record[R.TIME], record[R.KIND] != R.OPEN, record[R.RAW])
-
-
 class _CloseGroups(_Counting):
     """The bounded plan's close step: one join's grouped records -> its outputs."""
 
@@ -197,50 +177,17 @@ class _CloseGroups(_Counting):
         records in arrival order (bounded input: event time, opens first, then the text), and
         no more than ``max_bytes`` of messages (the first record that does not fit ends it).
         A record beyond it is late if the join closed before its event time, starts the next
-        join if an undefined join was decided before it, else it is ``join_too_large``."""
+        join if an undefined join was decided before it, else it is ``join_too_large``. A
+        record after a closed join's tombstone (``D + retention_s``) starts the next join, as
+        in a stream whose watermark passed the tombstone's end before it arrived."""
         _, grouped = element
-        pending = list(grouped)
-        overflow: list[R.Record] = []
-        emit = self._emit
+        records = list(grouped)
         try:  # outputs are built whole before any is emitted: a failure emits none of them
-            while pending:
-                overflow = []
-                # UTF-8 takes at most 4 bytes a character: count bytes only when they may not
-                # fit
-                if len(pending) > self._max_messages or \
-                        4 * sum(len(r[R.RAW]) for r in pending) > self._max_bytes:
-                    pending.sort(key=_arrival_order)
-                    held = _held(pending, self._max_messages, self._max_bytes)
-                    overflow = pending[held:]
-                    pending = pending[:held]
-                outcome = _core(decide, pending, self._catalog, None)
-                if isinstance(outcome, Closed):
-                    yield from emit(_core(_all, closed_outputs, outcome)
-                                    + _core(_all, _overflow_outputs, overflow, outcome))
-                    return
-                if not isinstance(outcome, Undefined):
-                    raise ValueError(f"a bounded join must be decided, not {outcome!r}")
-                later = [r for r in overflow if r[R.TIME] > outcome.deadline]
-                yield from emit(
-                    _core(_all, rejected_outputs, outcome.rejected, "undefined_join", _UNDEFINED)
-                    + _core(_all, rejected_outputs,
-                            [r for r in overflow if r[R.TIME] <= outcome.deadline],
-                            "join_too_large", _TOO_LARGE))
-                pending = outcome.rest + later
+            outputs = _core(bounded_outputs, records, self._catalog, self._max_messages,
+                            self._max_bytes)
         except _JoinFailed as failed:
-            yield from emit(_internal_errors(pending + overflow, failed))
-
-
-def _overflow_outputs(overflow: Iterable[R.Record], closed: Closed
-                      ) -> Iterator[tuple[str, dict[str, Any]]]:
-    """Records beyond the per-join limit of a join that closes as ``closed``: late if after
-    ``closed_at``, else ``join_too_large``."""
-    for record in overflow:
-        if record[R.TIME] > closed.closed_at:
-            yield LATE, late_object(record, late_reason(record[R.TIME], closed.deadline),
-                                    closed.reason)
-        else:
-            yield from rejected_outputs([record], "join_too_large", _TOO_LARGE)
+            outputs = _internal_errors(records, failed)
+        yield from self._emit(outputs)
 
 
 def _read_meta(meta: Any) -> list[Any] | None:
@@ -354,29 +301,32 @@ class JoinDoFn(_Counting):
                 self._cache.pop(join_id, None)
                 msgs.clear()
                 decide_timer.clear()
-                expiry = outcome.deadline + outcome.retention_ms
-                meta.write([epoch, 0, horizon, None,
+                # records after the tombstone's end wait in the bag for the next join, which
+                # starts when the tombstone expires (docs/spec.md §4, tombstones)
+                for record in outcome.reopened:
+                    msgs.add(record)
+                expiry = max(outcome.deadline + outcome.retention_ms, outcome.decided_at)
+                meta.write([epoch, len(outcome.reopened), horizon, None,
                             [outcome.reason, outcome.closed_at, outcome.deadline, expiry], None,
-                            0])
+                            sum(message_bytes(r) for r in outcome.reopened)])
                 self._set(expire_timer, expiry + 1)
                 yield from self._emit(outputs)
                 return
             if isinstance(outcome, Undefined):
                 yield from self._emit(rejected_outputs(outcome.rejected, "undefined_join",
-                                                       _UNDEFINED))
+                                                       UNDEFINED_DETAIL))
                 records = outcome.rest
                 self._cache.pop(join_id, None)
                 epoch, count = random.getrandbits(62), len(records)
-                size = sum(_message_bytes(r) for r in records)
+                size = sum(message_bytes(r) for r in records)
                 msgs.clear()
                 for record in records:
                     msgs.add(record)
                 continue
-            if outcome.wake_at is not None:
-                target = outcome.wake_at if wake is None or wake <= horizon \
-                    else min(wake, outcome.wake_at)
-                self._set(decide_timer, target + 1)
-                meta.write([epoch, count, horizon, target, None, None, size])
+            target = outcome.wake_at if wake is None or wake <= horizon \
+                else min(wake, outcome.wake_at)
+            self._set(decide_timer, target + 1)
+            meta.write([epoch, count, horizon, target, None, None, size])
             return
         self._clear(msgs, meta, decide_timer, expire_timer)
 
@@ -395,7 +345,7 @@ class JoinDoFn(_Counting):
             if isinstance(outcome, Closed):
                 full = [outcome.closed_at, outcome.deadline, outcome.reason]
             elif isinstance(outcome, Undefined):
-                full = [None, outcome.deadline, None]
+                full = [None, outcome.decided_at, None]
             else:
                 raise ValueError(f"a full join must be decided, not {outcome!r}")
             value[FULL] = full
@@ -409,13 +359,13 @@ class JoinDoFn(_Counting):
             msgs.add(record)
             self._holding = True
             value[COUNT] += 1
-            value[BYTES] += _message_bytes(record)
+            value[BYTES] += message_bytes(record)
             value[HORIZON] = max(value[HORIZON], deadline)
             value[FULL] = None
             yield from self._settle(join_id, list(msgs.read()), value, msgs, meta,
                                     decide_timer, expire_timer)
         else:
-            yield from self._emit(rejected_outputs([record], "join_too_large", _TOO_LARGE))
+            yield from self._emit(rejected_outputs([record], "join_too_large", TOO_LARGE_DETAIL))
 
     def _poisoned(self, join_id: str, extra: list[R.Record], failed: _JoinFailed, msgs: Any,
                   meta: Any, decide_timer: Any, expire_timer: Any) -> Iterator[Any]:
@@ -453,13 +403,19 @@ class JoinDoFn(_Counting):
             value = [random.getrandbits(62), 0, _NO_HORIZON, None, None, None, 0]
         tomb = value[TOMB]
         if tomb is not None:
-            close_reason, _, deadline, _ = tomb
+            close_reason, _, deadline, expiry = tomb
+            if record[R.TIME] > expiry:  # after the tombstone: waits for the next join
+                msgs.add(record)
+                value[COUNT] += 1
+                value[BYTES] += message_bytes(record)
+                meta.write(value)
+                return
             late = _core(late_object, record, late_reason(record[R.TIME], deadline),
                          close_reason)
             yield from self._emit([(LATE, late)])
             return
         epoch, count, horizon, wake = value[EPOCH], value[COUNT], value[HORIZON], value[WAKE]
-        size = value[BYTES] + _message_bytes(record)
+        size = value[BYTES] + message_bytes(record)
         if count >= self._max_messages or (count and size > self._max_bytes):
             value[BYTES] = max(value[BYTES], self._max_bytes)  # full: stays full
             yield from self._overflow(join_id, record, value, msgs, meta, decide_timer,
@@ -516,10 +472,23 @@ class JoinDoFn(_Counting):
                   msgs: Any = beam.DoFn.StateParam(MSGS),
                   meta: Any = beam.DoFn.StateParam(META),
                   decide_timer: Any = beam.DoFn.TimerParam(DECIDE),
-                  expire_timer: Any = beam.DoFn.TimerParam(EXPIRE)) -> None:
-        """The tombstone's retention ended: drop all of the join's state and timers."""
+                  expire_timer: Any = beam.DoFn.TimerParam(EXPIRE)) -> Iterator[Any]:
+        """The tombstone's retention ended: drop it. Records after its end that arrived
+        meanwhile start the next join (decided as any join, ``_settle``); with none, all of
+        the join's state and timers are dropped."""
         self._cache.pop(key, None)
-        self._clear(msgs, meta, decide_timer, expire_timer)
+        value = _read_meta(meta)
+        records = list(msgs.read())
+        if value is None or not records:
+            self._clear(msgs, meta, decide_timer, expire_timer)
+            return
+        expiry = value[TOMB][3] if value[TOMB] is not None else value[HORIZON]
+        fresh = [random.getrandbits(62), len(records), max(value[HORIZON], expiry), None, None,
+                 None, value[BYTES]]
+        try:
+            yield from self._settle(key, records, fresh, msgs, meta, decide_timer, expire_timer)
+        except _JoinFailed as failed:
+            yield from self._poisoned(key, [], failed, msgs, meta, decide_timer, expire_timer)
 
 
 class JoinRecords(beam.PTransform):

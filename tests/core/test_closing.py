@@ -6,13 +6,24 @@ from typing import Any
 
 from support.builders import make_catalog, open_msg, receipt, records
 
+from fanin.contracts.records import Record
 from fanin.contracts.timefmt import parse_rfc3339
-from fanin.core.closing import Closed, Pending, decide, decide_all
+from fanin.core.closing import Closed, Pending, Undefined, decide
 
 
-def outcome(messages: list[dict[str, Any]], **defaults: Any) -> tuple[Closed | None, list]:
+def outcome(messages: list[dict[str, Any]], **defaults: Any
+            ) -> tuple[Closed | None, list[Record]]:
+    """The bounded decision: undefined joins' records rejected, then the close (if any)."""
     catalog = make_catalog(**defaults)
-    return decide_all(records(messages, catalog), catalog)
+    pending, rejected = records(messages, catalog), []
+    while pending:
+        decided = decide(pending, catalog, None)
+        if isinstance(decided, Closed):
+            return decided, rejected
+        assert isinstance(decided, Undefined), decided
+        rejected += decided.rejected
+        pending = decided.rest
+    return None, rejected
 
 
 def test_least_complete_time_and_late_reasons() -> None:

@@ -2,22 +2,24 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.builders import make_catalog, open_msg, receipt, records
 
+from fanin.core.bounded import bounded_outputs
 from fanin.core.close import close_object
-from fanin.core.closing import decide_all
 from fanin.core.reducer import JoinReducer
 
 
 def close_of(messages: list[dict[str, Any]], **defaults: Any) -> dict[str, Any]:
     catalog = make_catalog(**defaults)
-    closed, rejected = decide_all(records(messages, catalog), catalog)
-    assert closed is not None and not rejected
-    return closed.close
+    outputs = bounded_outputs(records(messages, catalog), catalog, 100_000, 2**30)
+    closes = [obj for kind, obj in outputs if kind == "closes"]
+    assert len(closes) == 1 and all(kind != "dead_letter" for kind, _ in outputs), outputs
+    return closes[0]
 
 
 def reduce_all(messages: list[dict[str, Any]]) -> JoinReducer:
@@ -239,10 +241,11 @@ def test_any_permutation_gives_the_same_close(messages: list[dict[str, Any]], rn
     recs = records(messages, catalog)
     shuffled = list(recs)
     rnd.shuffle(shuffled)
-    first, rej1 = decide_all(recs, catalog)
-    second, rej2 = decide_all(shuffled, catalog)
-    assert (first and first.close) == (second and second.close)
-    assert sorted(r[3] for r in rej1) == sorted(r[3] for r in rej2)
+    def canonical(outputs: list[tuple[str, dict[str, Any]]]) -> list[str]:
+        return sorted(json.dumps(item, sort_keys=True) for item in outputs)
+
+    assert canonical(bounded_outputs(recs, catalog, 100_000, 2**30)) == \
+        canonical(bounded_outputs(shuffled, catalog, 100_000, 2**30))
     a, b = JoinReducer(catalog), JoinReducer(catalog)
     for rec in recs:
         a.add(rec)

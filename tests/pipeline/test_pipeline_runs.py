@@ -12,8 +12,7 @@ import pytest
 from fanin.cli import main
 from fanin.contracts.catalog import Catalog, JoinDefaults, load_contracts
 from fanin.contracts.parsing import parse_message
-from fanin.core.closing import decide_all
-from fanin.core.outcomes import closed_outputs, rejected_outputs
+from fanin.core.bounded import bounded_outputs
 from fanin.fleet.simulate import CONTRACTS_PATH, write_simulation
 from fanin.pipelines.pipeline import RunConfig, run_pipeline
 from fanin.transforms.read import numbered_lines
@@ -64,11 +63,7 @@ def core_outputs(path: Path) -> dict[str, list[dict[str, Any]]]:
         else:
             by_join[record[1]].append(record)
     for records in by_join.values():
-        closed, rejected = decide_all(records, catalog)
-        outputs = list(rejected_outputs(rejected, "undefined_join", "x"))
-        if closed is not None:
-            outputs.extend(closed_outputs(closed))
-        for kind, obj in outputs:
+        for kind, obj in bounded_outputs(records, catalog, 100_000, 16 * 1024 * 1024):
             found[kind].append(obj)
     for kind in KINDS:
         found[kind].sort(key=lambda obj: json.dumps(obj, sort_keys=True))

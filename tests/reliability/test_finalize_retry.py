@@ -14,8 +14,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from fanin.contracts.catalog import Catalog
 from fanin.contracts.parsing import parse_message
-from fanin.core.closing import decide_all
-from fanin.core.outcomes import closed_outputs
+from fanin.core.bounded import bounded_outputs
 from fanin.transforms import write
 from fanin.transforms.write import _Finalize, _SpillBundles
 from tests.reliability.remotefs import PREFIX, RemoteTestFileSystem
@@ -57,9 +56,8 @@ def _close(n: int) -> dict[str, Any]:
              f'{{"join_id":"j{n}","branch":"a","status":"ok","event_time":'
              f'"2026-01-0{day}T00:00:01Z","value":{{"n":{n}}}}}']
     records = [parse_message(line.encode(), ("f", i), {})[0] for i, line in enumerate(lines)]
-    closed, _ = decide_all(records, Catalog({}))
-    assert closed is not None
-    ((_, obj),) = closed_outputs(closed)
+    ((kind, obj),) = bounded_outputs(records, Catalog({}), 100, 2**30)
+    assert kind == "closes"
     return obj
 
 

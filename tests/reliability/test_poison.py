@@ -13,7 +13,7 @@ from apache_beam.metrics.metric import MetricsFilter
 
 from fanin.contracts import records as R
 from fanin.contracts.catalog import JoinDefaults
-from fanin.core import reducer
+from fanin.core import bounded, reducer
 from fanin.pipelines.pipeline import RunConfig, run_pipeline
 from fanin.transforms import join
 from tests.reliability.runs import accounted, messages, read_jsonl, write_lines
@@ -57,7 +57,8 @@ def _fault(where: str, monkeypatch: pytest.MonkeyPatch) -> None:
                 raise Injected("decide failed")
             return real_decide(records, *args)
 
-        monkeypatch.setattr(join, "decide", decide)
+        monkeypatch.setattr(join, "decide", decide)  # the streaming join
+        monkeypatch.setattr(bounded, "decide", decide)  # the bounded plan
     else:
         real_outputs = join.closed_outputs
 
@@ -67,6 +68,7 @@ def _fault(where: str, monkeypatch: pytest.MonkeyPatch) -> None:
             return real_outputs(outcome)
 
         monkeypatch.setattr(join, "closed_outputs", closed_outputs)
+        monkeypatch.setattr(bounded, "closed_outputs", closed_outputs)
 
 
 @pytest.mark.parametrize("where", ["fold", "decide", "encode"])

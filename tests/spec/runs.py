@@ -16,8 +16,7 @@ from typing import Any
 from fanin.contracts import records as R
 from fanin.contracts.catalog import Catalog
 from fanin.contracts.parsing import parse_message
-from fanin.core.closing import decide_all
-from fanin.core.outcomes import closed_outputs, rejected_outputs
+from fanin.core.bounded import bounded_outputs
 from fanin.pipelines.pipeline import RunConfig, run_pipeline
 from spec.invariants import KINDS, read_output_dir
 from spec.reference import Env, parse_lines
@@ -38,8 +37,8 @@ def arrival_order(lines: list[str], env: Env) -> list[str]:
 
 
 def core_run(lines: list[str], env: Env) -> Outputs:
-    """The bounded decision core alone: valid records grouped by join, decided per join (the
-    per-join limit is not the core's: it is applied by the bounded close step)."""
+    """The bounded decision core alone: valid records grouped by join, decided per join with
+    the per-join message limit (``fanin.core.bounded``)."""
     catalog = Catalog(env.contracts, env.defaults)
     groups: dict[str, list[Any]] = defaultdict(list)
     found: Outputs = {kind: [] for kind in KINDS}
@@ -50,11 +49,7 @@ def core_run(lines: list[str], env: Env) -> Outputs:
         else:
             groups[record[R.JOIN_ID]].append(record)
     for records in groups.values():
-        closed, rejected = decide_all(records, catalog)
-        outputs = list(rejected_outputs(rejected, "undefined_join", ""))
-        if closed is not None:
-            outputs.extend(closed_outputs(closed))
-        for kind, obj in outputs:
+        for kind, obj in bounded_outputs(records, catalog, env.max_messages_per_join, 2**62):
             found[kind].append(obj)
     return found
 
