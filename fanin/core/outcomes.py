@@ -16,11 +16,14 @@ import logging
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+import orjson
+
 from fanin.contracts import records as R
 from fanin.contracts.parsing import dead_letter
 from fanin.core.closing import Closed
 
-__all__ = ["CLOSES", "DEAD_LETTER", "LATE", "closed_outputs", "late_object", "log_close",
+__all__ = ["CLOSES", "DEAD_LETTER", "LATE", "closed_outputs", "encode_line", "late_object",
+           "log_close",
            "rejected_outputs"]
 
 CLOSES, LATE, DEAD_LETTER = "closes", "late", "dead_letter"
@@ -53,3 +56,13 @@ def log_close(close: dict[str, Any]) -> None:
             "required": close["required"], "accepted": len(close["branches"]),
             "reason": close["reason"], "conflicts": len(close["conflicts"]),
         }))
+
+
+def encode_line(obj: dict[str, Any]) -> str:
+    """The one encoding of an output object, for files and Pub/Sub topics alike: compact
+    UTF-8 JSON, fields in the order built. orjson, or the standard encoder for what orjson
+    refuses (integers beyond 64 bits); both give the same text."""
+    try:
+        return orjson.dumps(obj).decode()
+    except TypeError:
+        return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import calendar
 import datetime
-import json
 import logging
 import os
 import re
@@ -42,6 +41,7 @@ from apache_beam.transforms.window import TimestampedValue
 from apache_beam.utils.timestamp import Timestamp
 
 from fanin.contracts.timefmt import MAX_MS, MIN_MS, format_ms, parse_rfc3339
+from fanin.core.outcomes import encode_line
 from fanin.io.pubsub_drain import Drain, DrainableLocalRead
 
 __all__ = [
@@ -340,7 +340,7 @@ def _to_pubsub_message(
     obj: Mapping[str, Any],
     attributes_fn: Callable[[Mapping[str, Any]], Mapping[str, str]] | None,
 ) -> PubsubMessage:
-    data = json.dumps(obj, separators=(",", ":"), allow_nan=False).encode("utf-8")
+    data = encode_line(dict(obj)).encode("utf-8")
     attributes = _default_attributes(obj)
     if attributes_fn is not None:
         attributes.update(attributes_fn(obj))
@@ -353,12 +353,12 @@ def _to_pubsub_message(
 class PublishJson(beam.PTransform):
     """Publish each input dict to ``topic`` as one compact JSON message.
 
-    Data: ``json.dumps`` with no spaces and ASCII escapes (valid UTF-8 whatever the strings
-    hold; NaN and Infinity raise ``ValueError``, since they are not JSON). Attributes: ``join_id``
-    when the dict has a non-empty string ``join_id``, updated with ``attributes_fn(obj)`` if
-    given; a non-str attribute key or value raises ``TypeError``. Writing uses
-    ``WriteToPubSub(with_attributes=True)``, which publishes and waits for each bundle's messages
-    at the end of the bundle (at least once: a retried bundle publishes again).
+    Data: the same compact UTF-8 JSON as the output files (``fanin.core.outcomes.encode_line``).
+    Attributes: ``join_id`` when the dict has a non-empty string ``join_id``, updated with
+    ``attributes_fn(obj)`` if given; a non-str attribute key or value raises ``TypeError``.
+    Writing uses ``WriteToPubSub(with_attributes=True)``, which publishes and waits for each
+    bundle's messages at the end of the bundle (at least once: a retried bundle publishes
+    again).
     """
 
     def __init__(

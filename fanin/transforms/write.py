@@ -36,13 +36,13 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import apache_beam as beam
-import orjson
 from apache_beam.io.filesystem import BeamIOError
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.transforms import trigger, window
 from apache_beam.transforms.window import GlobalWindows
 from apache_beam.utils.windowed_value import WindowedValue
 
+from fanin.core.outcomes import encode_line
 from fanin.io.files import atomic_move, atomic_write
 
 __all__ = ["FORMATS", "WriteOutput", "new_token"]
@@ -199,13 +199,9 @@ def _temp_prefix(kind: str, token: str, shard: int) -> str:
 
 
 def _encode(obj: dict[str, Any], shards: int) -> tuple[int, str]:
-    """(shard by join_id, compact JSON line). orjson, or the standard encoder for what orjson
-    refuses (integers beyond 64 bits); both give the same compact UTF-8 JSON."""
+    """(shard by join_id, the output line: ``encode_line``)."""
     shard = zlib.crc32((obj.get("join_id") or "").encode()) % shards
-    try:
-        return shard, orjson.dumps(obj).decode()
-    except TypeError:
-        return shard, json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+    return shard, encode_line(obj)
 
 
 class WriteOutput(beam.PTransform):
