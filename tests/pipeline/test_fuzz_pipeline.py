@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from spec.invariants import check_run
 
+from fanin.contracts.lines import message_lines
 from fanin.contracts.parsing import DEFAULT_MAX_BYTES, ERRORS
 from fanin.contracts.timefmt import parse_rfc3339
 from fanin.fleet.simulate import CONTRACTS_PATH, write_simulation
@@ -123,4 +125,7 @@ def test_hostile_file_is_conserved(hostile: Path, tmp_path: Path, replay: bool) 
     out = tmp_path / "out"
     run_pipeline(RunConfig(output=str(out), inputs=[str(hostile)], contracts_path=CONTRACTS_PATH,
                            replay=replay, max_disorder_s=1.0 if replay else 0.0), [])
-    _check_conservation(_read(out), hostile, replay)
+    found = _read(out)
+    _check_conservation(found, hostile, replay)
+    with hostile.open("rb") as handle:  # the run invariants of docs/spec.md as well
+        check_run([line for line, _ in message_lines(handle)], found, eager=replay)
