@@ -301,14 +301,14 @@ class JoinDoFn(_Counting):
                 self._cache.pop(join_id, None)
                 msgs.clear()
                 decide_timer.clear()
-                # records after the tombstone's end wait in the bag for the next join, which
-                # starts when the tombstone expires (docs/spec.md §4, tombstones)
-                for record in outcome.reopened:
-                    msgs.add(record)
+                # records already here but after the tombstone's end: late as well (a stream
+                # that delivers them after the tombstone expired starts the next join)
+                outputs += [(LATE, late_object(r, late_reason(r[R.TIME], outcome.deadline),
+                                               outcome.reason)) for r in outcome.reopened]
                 expiry = max(outcome.deadline + outcome.retention_ms, outcome.decided_at)
-                meta.write([epoch, len(outcome.reopened), horizon, None,
+                meta.write([epoch, 0, horizon, None,
                             [outcome.reason, outcome.closed_at, outcome.deadline, expiry], None,
-                            sum(message_bytes(r) for r in outcome.reopened)])
+                            0])
                 self._set(expire_timer, expiry + 1)
                 yield from self._emit(outputs)
                 return
@@ -403,13 +403,7 @@ class JoinDoFn(_Counting):
             value = [random.getrandbits(62), 0, _NO_HORIZON, None, None, None, 0]
         tomb = value[TOMB]
         if tomb is not None:
-            close_reason, _, deadline, expiry = tomb
-            if record[R.TIME] > expiry:  # after the tombstone: waits for the next join
-                msgs.add(record)
-                value[COUNT] += 1
-                value[BYTES] += message_bytes(record)
-                meta.write(value)
-                return
+            close_reason, _, deadline, _ = tomb
             late = _core(late_object, record, late_reason(record[R.TIME], deadline),
                          close_reason)
             yield from self._emit([(LATE, late)])

@@ -85,11 +85,14 @@ def build_replay(lines: Iterable[tuple[bytes, dict[str, Any]]], max_disorder_s: 
         longest = max(longest, deadline_ms)
         if t is not None and (max_seen is None or t > max_seen):
             max_seen = t
+        target = None if max_seen is None else max_seen - lag
+        if target is not None and watermark is not None and target - watermark >= step_ms:
+            # the earlier lines first, then the watermark moves up to this one (every timer
+            # it passes fires before this line arrives, as on a live source)
+            flush(target)
         stamp = t if t is not None else (watermark if watermark is not None else max_seen or 0)
         pending.append(TimestampedValue((line, source), _stamp(stamp)))
-        target = None if max_seen is None else max_seen - lag
-        moved = target is not None and (watermark is None or target - watermark >= step_ms)
-        if moved or len(pending) >= batch:
+        if watermark is None or len(pending) >= batch:
             flush(target)
     # deadlines are capped at the end of year 9999, so no timer is later than that + horizon
     final = min((max_seen or 0) + longest, MAX_MS) + horizon_ms + 1
