@@ -170,12 +170,10 @@ class FaninCallbackHandler(BaseCallbackHandler):
                 task, spec = router
                 task.routes.append((spec, outputs))
                 return
-            task = self._tasks.pop(run_id, None)
-            if task is None:
-                self._forget(run_id)
+            found = self._finish_task(run_id)
+            if found is None:
                 return
-            run = self._runs[task.graph_run]
-            run.tasks.discard(run_id)
+            task, run = found
             update, goto = outputs, []
             if isinstance(outputs, Command):
                 update = outputs.update
@@ -190,17 +188,26 @@ class FaninCallbackHandler(BaseCallbackHandler):
         """A task attempt failed: an ``error`` receipt (interrupts excepted)."""
         with self._lock:
             self._routers.pop(run_id, None)
-            task = self._tasks.pop(run_id, None)
-            if task is None:
-                self._forget(run_id)
+            found = self._finish_task(run_id)
+            if found is None:
                 return
-            run = self._runs[task.graph_run]
-            run.tasks.discard(run_id)
+            task, run = found
             if isinstance(error, GraphBubbleUp):
                 return
             text = describe(type(error).__name__, str(error))
             for ctx, branch in run.targets.get(task.namespace, ()):
                 self._reporter.error(ctx, branch, text, attempt=run.attempts[task.namespace])
+
+    def _finish_task(self, run_id: UUID) -> tuple[Any, Any] | None:
+        """A task attempt ended: its task and graph run, no longer tracked as in flight; None
+        (and the graph run forgotten) when ``run_id`` is not a task."""
+        task = self._tasks.pop(run_id, None)
+        if task is None:
+            self._forget(run_id)
+            return None
+        run = self._runs[task.graph_run]
+        run.tasks.discard(run_id)
+        return task, run
 
     def _forget(self, run_id: UUID) -> None:
         """Drop what is kept for a graph run once it ends (any other run: nothing to do)."""
