@@ -18,6 +18,8 @@ started on a free 127.0.0.1 port by the tests' fixture code, ``tests/support/emu
    a 2 s deadline and one of its two receipts, one every 0.1 s; each times out. Latency = the
    time its close is pulled from ``--closes-topic`` minus its close time (opened_at + 2 s).
    Also for joins completed by their last receipt: pulled - publish time of that receipt.
+   The same for the output files: the time a close is first seen in a file of ``DIR/closes``
+   (polled every 0.2 s; ``--window-s 5``, so a file per 5 s of processing time).
 Figures print as a small table; nothing here is a test.
 """
 
@@ -129,25 +131,34 @@ def main() -> None:
                     emulator.publish(topic, json.dumps(line).encode(), event_time=format_ms(at))
                 completes[f"c-{j}"] = time.time()
                 time.sleep(0.1)  # pacing of a live stream (a benchmark, not a test)
-            latencies: dict[str, list[float]] = {"timeout": [], "complete": []}
+            latencies: dict[tuple[str, str], list[float]] = {
+                (kind, to): [] for to in ("--closes-topic", "files") for kind in
+                ("timeout", "complete")}
+            seen_files: set[Path] = set()
+
+            def record(close: dict, received: float, to: str) -> None:
+                join_id = close["join_id"]
+                if join_id in timeouts:
+                    closed_at = parse_rfc3339(close["closed_at"]) / 1000
+                    assert abs(closed_at - timeouts[join_id]) < 0.01, close
+                    latencies["timeout", to].append(received - timeouts[join_id])
+                elif join_id in completes:
+                    latencies["complete", to].append(received - completes[join_id])
 
             def collect() -> bool:
                 received = time.time()
                 for message in emulator.pull(closes_sub):
-                    close = json.loads(message.data)
-                    join_id = close["join_id"]
-                    if join_id in timeouts:
-                        closed_at = parse_rfc3339(close["closed_at"]) / 1000
-                        assert abs(closed_at - timeouts[join_id]) < 0.01, close
-                        latencies["timeout"].append(received - timeouts[join_id])
-                    elif join_id in completes:
-                        latencies["complete"].append(received - completes[join_id])
-                return sum(map(len, latencies.values())) >= 2 * args.latency_joins
+                    record(json.loads(message.data), received, "--closes-topic")
+                for path in sorted(set((folder / "out" / "closes").glob("*.jsonl")) - seen_files):
+                    seen_files.add(path)
+                    for line in path.read_text().splitlines():
+                        record(json.loads(line), received, "files")
+                return sum(map(len, latencies.values())) >= 4 * args.latency_joins
 
             assert run.until(collect, 300), run.stderr()[-2000:]
-            for kind, values in latencies.items():
+            for (kind, to), values in latencies.items():
                 values.sort()
-                print(f"close latency ({kind}, {len(values)} joins, to --closes-topic): "
+                print(f"close latency ({kind}, {len(values)} joins, to {to}): "
                       f"median {statistics.median(values):.2f} s, "
                       f"p90 {values[int(0.9 * (len(values) - 1))]:.2f} s, "
                       f"max {values[-1]:.2f} s")

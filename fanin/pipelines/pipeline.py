@@ -36,10 +36,18 @@ from fanin.transforms.join import DEFAULT_MAX_BYTES_PER_JOIN, JoinRecords
 from fanin.transforms.parse import ParseMessages
 from fanin.transforms.read import ReadNumberedLines, expand_inputs, numbered_lines
 from fanin.transforms.replay import build_replay
-from fanin.transforms.write import FORMATS, WriteOutput, new_token
+from fanin.transforms.write import (
+    BY_COUNT,
+    BY_COUNT_OR_TIME,
+    BY_TIME,
+    FORMATS,
+    WriteOutput,
+    new_token,
+)
 
 __all__ = ["ConfigError", "RunConfig", "build", "catalog_for", "checkout_setup_file",
-           "choose_runner", "configure_options", "replay_horizon_ms", "run_pipeline"]
+           "choose_runner", "configure_options", "early_firing", "replay_horizon_ms",
+           "run_pipeline"]
 
 _LOG = logging.getLogger("fanin")
 
@@ -127,6 +135,30 @@ def choose_runner(config: RunConfig, options: PipelineOptions) -> str:
     return "BundleBasedDirectRunner" if config.streaming else "FnApiRunner"
 
 
+# Runners whose triggers Beam's Python SDK executes in process (the others run them runner-side)
+_PYTHON_TRIGGER_RUNNERS = ("DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner",
+                           "FnApiRunner")
+
+
+def early_firing(config: RunConfig, runner: str) -> str:
+    """When a streaming write's pending lines are written early (``fanin.transforms.write``)
+    on the runner of class name ``runner``:
+
+    - a replay (a finite stream, read as fast as the runner goes): by count. A file every
+      ``pane_lines`` lines, the rest at the end; and Prism 2.77 panics on a processing-time
+      trigger of a finite stream.
+    - a live stream on a runner whose triggers Beam's Python code executes (the local runner):
+      by time. That code fires the processing-time branch of "count or time" once per run
+      (apache/beam#21262), which kept a live run's closes out of its files until the drain;
+      alone, it fires every ``window_s``. The lines of one ``window_s`` stay in memory.
+    - a live stream elsewhere (Dataflow, Flink, Prism execute triggers themselves): count or
+      time, whichever comes first.
+    """
+    if config.replay:
+        return BY_COUNT
+    return BY_TIME if runner in _PYTHON_TRIGGER_RUNNERS else BY_COUNT_OR_TIME
+
+
 def catalog_for(config: RunConfig) -> Catalog:
     """The contracts of ``config`` (read now, from any Beam filesystem) and its defaults."""
     contracts = load_contracts(config.contracts_path) if config.contracts_path else {}
@@ -166,9 +198,7 @@ def build(p: beam.Pipeline, config: RunConfig, catalog: Catalog,
     outputs = {CLOSES: joined[CLOSES], LATE: joined[LATE],
                DEAD_LETTER: (joined[DEAD_LETTER], parsed[DEAD_LETTER])
                | "MergeDeadLetters" >> beam.Flatten()}
-    # Prism 2.77 panics on a processing-time trigger of a finite stream (docs/runners.md)
-    on_prism = config.replay and "PrismRunner" in str(
-        p.options.view_as(StandardOptions).runner)
+    early = early_firing(config, type(p.runner).__name__)
     token = new_token()  # in this job's file names: a later job never overwrites them
     if config.streaming:
         _LOG.info("fanin: output files of this job are named <kind>-%s-p<pane>-s<shard>", token)
@@ -176,7 +206,7 @@ def build(p: beam.Pipeline, config: RunConfig, catalog: Catalog,
         folder = FileSystems.join(config.output, kind)
         pcoll | f"Write/{kind}" >> WriteOutput(folder, kind, config.formats, config.streaming,
                                                config.window_s, config.shards, token=token,
-                                               processing_time_panes=not on_prism)
+                                               early=early)
         if kind in config.topics:
             from fanin.io.pubsub import PublishJson
 

@@ -15,9 +15,9 @@ Guarantees:
   attempts that failed. No output line crosses a shuffle.
 - Streaming: nothing is ever dropped by lateness, whatever the event times. Outputs are not
   windowed by event time: they stay in the global window (whose end is the end of time, so no
-  output is ever behind it) and a shard's pending lines are written as one file when
-  ``pane_lines`` of them are pending or ``window_s`` seconds of processing time passed since
-  the first of them, and the rest when the input ends (end of a replay, drain). Each firing
+  output is ever behind it) and a shard's pending lines are written as one file when the
+  early firing (``early``, below) says so, and the rest when the input ends (end of a replay,
+  drain). Each firing
   is a pane of the global window: the file is ``<kind>-<job token>-p<pane index>-s<shard>``.
   The pane index is assigned by the runner's GroupByKey and is part of its committed output,
   and the job token is fixed when the job is built (it travels in the pickled DoFn), so a
@@ -45,9 +45,15 @@ from apache_beam.utils.windowed_value import WindowedValue
 from fanin.core.outcomes import encode_line
 from fanin.io.files import atomic_move, atomic_write
 
-__all__ = ["FORMATS", "WriteOutput", "new_token"]
+__all__ = ["BY_COUNT", "BY_COUNT_OR_TIME", "BY_TIME", "EARLY_FIRINGS", "FORMATS", "WriteOutput",
+           "new_token"]
 
 FORMATS = ("jsonl", "parquet")
+# When a streaming write's pending lines of one shard are written (its early firing):
+BY_COUNT = "count"  # ``pane_lines`` of them are pending
+BY_TIME = "time"  # ``window_s`` seconds of processing time passed since the first of them
+BY_COUNT_OR_TIME = "count_or_time"  # whichever comes first
+EARLY_FIRINGS = (BY_COUNT, BY_TIME, BY_COUNT_OR_TIME)
 
 
 def new_token() -> str:
@@ -207,39 +213,47 @@ def _encode(obj: dict[str, Any], shards: int) -> tuple[int, str]:
 class WriteOutput(beam.PTransform):
     """Dicts -> files in ``folder``; outputs the paths written.
 
-    Streaming: ``window_s`` (rounded up to whole seconds) is the longest a line waits
-    (processing time) before its file is written, ``pane_lines`` the most lines of one shard held
-    before a file is written. ``token`` (letters and digits; default: random per instance)
-    names this job's files (streaming) and temporary files (bounded); give the job's outputs
-    one token. ``processing_time_panes=False`` drops the ``window_s`` early firing (panes then
-    close on ``pane_lines`` and at the end of the stream only): Prism 2.77 panics on a
-    processing-time trigger of a finite stream (docs/runners.md), so replays on Prism use it.
+    Streaming: ``early`` chooses when a shard's pending lines are written before the input
+    ends: ``BY_COUNT`` once ``pane_lines`` are pending, ``BY_TIME`` once ``window_s`` seconds
+    (rounded up to whole seconds) of processing time passed since the first of them,
+    ``BY_COUNT_OR_TIME`` whichever comes first. The runner executes the trigger, and which one
+    to ask for depends on it (``fanin.pipelines.pipeline.early_firing`` chooses): Beam 2.77's
+    Python trigger code, which the local Python runners execute, fires a processing-time
+    branch of ``AfterAny`` only once per window (apache/beam#21262), so there ``BY_TIME`` is
+    the one that fires every ``window_s``; Prism 2.77 panics on a processing-time trigger of
+    a finite stream, so replays ask for ``BY_COUNT`` (docs/beam-notes.md). ``token`` (letters
+    and digits; default: random per instance) names this job's files (streaming) and temporary
+    files (bounded); give the job's outputs one token.
     """
 
     def __init__(self, folder: str, kind: str, formats: Sequence[str] = ("jsonl",),
                  streaming: bool = False, window_s: float = 60.0, shards: int = 1,
                  pane_lines: int = 10_000, token: str | None = None,
-                 processing_time_panes: bool = True) -> None:
+                 early: str = BY_COUNT_OR_TIME) -> None:
         super().__init__()
         unknown = set(formats) - set(FORMATS)
         if unknown or not formats:
             raise ValueError(f"formats must be a non-empty subset of {FORMATS}")
         if window_s <= 0 or shards < 1 or pane_lines < 1:
             raise ValueError("window_s must be > 0, shards and pane_lines >= 1")
+        if early not in EARLY_FIRINGS:
+            raise ValueError(f"early must be one of {EARLY_FIRINGS}, got {early!r}")
         self._folder, self._kind, self._formats = folder, kind, tuple(formats)
         self._streaming, self._window_s, self._shards = streaming, window_s, shards
-        self._pane_lines = pane_lines
-        self._processing_time_panes = processing_time_panes
+        self._pane_lines, self._early = pane_lines, early
         if token is not None and not (token.isascii() and token.isalnum()):
             raise ValueError(f"token must be letters and digits, got {token!r}")
         self._token = token or new_token()
 
     def _early_trigger(self) -> trigger.TriggerFn:
         count = trigger.AfterCount(self._pane_lines)
-        if not self._processing_time_panes:
-            return count
         # Beam's processing-time delay is in whole seconds
-        return trigger.AfterAny(count, trigger.AfterProcessingTime(math.ceil(self._window_s)))
+        after_time = trigger.AfterProcessingTime(math.ceil(self._window_s))
+        if self._early == BY_COUNT:
+            return count
+        if self._early == BY_TIME:
+            return after_time
+        return trigger.AfterAny(count, after_time)
 
     def expand(self, pcoll: beam.PCollection) -> beam.PCollection:
         if not self._streaming:

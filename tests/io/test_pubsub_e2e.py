@@ -1,7 +1,7 @@
 """End to end against Google's Pub/Sub emulator, as a user runs it: ``fanin publish`` sends
 opens and receipts with current event times, a streaming ``fanin run --subscription`` joins
-them, closes / late lines / dead letters come back on their topics while the job runs, and a
-Ctrl-C drains it: exit 0 with every output in ``--output``."""
+them, closes / late lines / dead letters come back on their topics and reach ``--output`` while
+the job runs, and a Ctrl-C drains it: exit 0 with every output in ``--output``."""
 
 from __future__ import annotations
 
@@ -81,6 +81,16 @@ def test_publish_run_and_drain_over_the_emulator(
         # Closes (eager ones and the 10 s deadlines), the late line and the dead letter come
         # back on their topics while the job runs.
         assert run.until(arrived, DEADLINE_S), run.stderr()
+
+        # ... and in the output folder, still while the job runs: a file per shard every
+        # --window-s (before, the local runner wrote the first such file only, then waited
+        # for the drain)
+        def in_files() -> bool:
+            return [len(read_outputs(output, kind)) for kind in ("closes", "late", "dead_letter")
+                    ] == [6, 1, 1]
+
+        assert run.until(in_files, DEADLINE_S), run.stderr()
+        assert run.running
         run.signal(signal.SIGINT)
         assert run.wait(DEADLINE_S) == 0, run.stderr()
     finally:
