@@ -8,6 +8,9 @@ Guarantees:
   and the problem (all bad fields, one clause each).
 - A message longer than ``max_bytes`` (default 256 KiB, UTF-8 bytes) is ``too_large``.
 - ``unknown_contract`` when a message names a contract the catalog lacks.
+- ``read_join_id`` is a cheap look at a message's ``join_id`` for a plan that groups raw
+  messages and parses them after the shuffle: when it returns a join_id, that is the join_id
+  of the record ``parse_message`` returns for the message, if it returns one.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import math
 from collections.abc import Container
 from typing import Any
 
+import orjson
 from pydantic import ValidationError
 
 from fanin.contracts import records as R
@@ -25,7 +29,7 @@ from fanin.contracts.messages import MAX_ATTEMPT, OpenMessage, ReceiptMessage
 from fanin.contracts.timefmt import duration_ms, format_ms, parse_rfc3339
 
 __all__ = ["DEFAULT_MAX_BYTES", "ERRORS", "Source", "dead_letter", "parse_message",
-           "source_object"]
+           "read_join_id", "source_object"]
 
 # Where a message came from: a dict (e.g. Pub/Sub's), or ``(path, line)`` for a file line,
 # kept compact because every record carries it through the shuffle.
@@ -260,3 +264,25 @@ def parse_message(data: bytes | str, source: Source, contracts: Container[str], 
         return None, dead_letter("unknown_contract", f"no contract named {contract!r}",
                                  text, source)
     return record, None
+
+
+def read_join_id(data: bytes | str, max_bytes: int = DEFAULT_MAX_BYTES) -> str | None:
+    """The ``join_id`` of a message that looks valid at a glance (at most ``max_bytes`` long,
+    a JSON object with a ``join_id`` string of 1-256 characters), else None: the caller then
+    parses it in full (``parse_message``) to key it or dead-letter it.
+
+    Whatever it returns is the join_id ``parse_message`` gives the message's record: orjson
+    decodes a string as the strict decoder does, and what it reads differently (a repeated
+    field name: orjson keeps the last) the strict decoder refuses, so no record comes out.
+    """
+    if len(data) > max_bytes // 4 and len(data.encode("utf-8", "surrogatepass")
+                                          if isinstance(data, str) else data) > max_bytes:
+        return None
+    try:
+        obj = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+    if type(obj) is not dict:
+        return None
+    join_id = obj.get("join_id")
+    return join_id if type(join_id) is str and 0 < len(join_id) <= 256 else None

@@ -33,7 +33,7 @@ from fanin.contracts.parsing import DEFAULT_MAX_BYTES
 from fanin.core.outcomes import CLOSES, DEAD_LETTER, LATE
 from fanin.io.pubsub_drain import Drain, drain_on_signals
 from fanin.transforms.join import DEFAULT_MAX_BYTES_PER_JOIN, JoinRecords
-from fanin.transforms.parse import ParseMessages
+from fanin.transforms.parse import KeyMessages, ParseMessages
 from fanin.transforms.read import ReadNumberedLines, expand_inputs, numbered_lines
 from fanin.transforms.replay import build_replay
 from fanin.transforms.write import (
@@ -190,11 +190,14 @@ def build(p: beam.Pipeline, config: RunConfig, catalog: Catalog,
         raw = p | "Read" >> ReadMessages(subscription=config.subscription, topic=config.topic,
                                          id_label=config.id_label, drain=drain,
                                          stale_after_ms=replay_horizon_ms(catalog))
-    parsed = raw | "Parse" >> ParseMessages(frozenset(catalog.contracts), config.max_bytes)
+    # the bounded plan shuffles raw messages and parses them after the shuffle (KeyMessages)
+    parse = ParseMessages if config.streaming else KeyMessages
+    parsed = raw | "Parse" >> parse(frozenset(catalog.contracts), config.max_bytes)
     joined = parsed.records | "Join" >> JoinRecords(catalog, config.streaming,
                                                     config.max_messages_per_join,
                                                     config.max_bytes_per_join,
-                                                    log_closes=config.log_closes)
+                                                    log_closes=config.log_closes,
+                                                    max_message_bytes=config.max_bytes)
     outputs = {CLOSES: joined[CLOSES], LATE: joined[LATE],
                DEAD_LETTER: (joined[DEAD_LETTER], parsed[DEAD_LETTER])
                | "MergeDeadLetters" >> beam.Flatten()}

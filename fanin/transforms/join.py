@@ -1,13 +1,13 @@
 """Beam composites that join records by ``join_id``: a bounded plan and a streaming plan.
 
-``JoinRecords(catalog, streaming=...)`` takes ``(join_id, record)`` and returns a
-``DoOutputsTuple`` with ``closes``, ``late`` and ``dead_letter`` outputs.
+``JoinRecords(catalog, streaming=...)`` takes keyed input and returns a ``DoOutputsTuple``
+with ``closes``, ``late`` and ``dead_letter`` outputs.
 
-- Bounded (``streaming=False``): ``GroupByKey`` then the closing decision over all of a join's
-  records at once. This is the exact event-time result of docs/spec.md §4 and the fastest plan on
-  the local runner (docs/beam-notes.md); the parity test in ``tests/test_pipeline_runs.py`` proves
-  it
-  equals the streaming plan.
+- Bounded (``streaming=False``): raw messages keyed by join_id (``KeyMessages``), a
+  ``GroupByKey``, then each join's messages are parsed and the closing decision is taken over
+  all of its records at once. This is the exact event-time result of docs/spec.md §4 and the
+  fastest plan on the local runner (docs/beam-notes.md); the parity test in
+  ``tests/pipeline/test_pipeline_runs.py`` proves it equals the streaming plan.
 - Streaming (``streaming=True``): ``JoinDoFn``, a stateful DoFn in the global window. See its
   docstring for what it guarantees.
 
@@ -41,6 +41,7 @@ from apache_beam.utils.timestamp import Timestamp
 
 from fanin.contracts import records as R
 from fanin.contracts.catalog import Catalog
+from fanin.contracts.parsing import DEFAULT_MAX_BYTES, dead_letter, parse_message
 from fanin.core.bounded import (
     TOO_LARGE_DETAIL,
     UNDEFINED_DETAIL,
@@ -163,16 +164,44 @@ class _Counting(beam.DoFn):
 
 
 class _CloseGroups(_Counting):
-    """The bounded plan's close step: one join's grouped records -> its outputs."""
+    """The bounded plan's close step: one join's grouped messages -> its outputs.
+
+    The messages arrive raw, keyed by ``KeyMessages`` (``fanin.transforms.parse``); each is
+    parsed here (``parse_message``): its record joins, or its dead letter is emitted. A record
+    whose join_id is not the group's key (which ``read_join_id`` rules out) is an
+    ``internal_error`` dead letter, never folded into another join.
+    """
 
     def __init__(self, catalog: Catalog, max_messages: int,
-                 max_bytes: int = DEFAULT_MAX_BYTES_PER_JOIN, log_closes: bool = False) -> None:
+                 max_bytes: int = DEFAULT_MAX_BYTES_PER_JOIN, log_closes: bool = False,
+                 max_message_bytes: int = DEFAULT_MAX_BYTES) -> None:
         self._catalog = catalog
+        self._contracts = frozenset(catalog.contracts)
         self._max_messages = max_messages
         self._max_bytes = max_bytes
+        self._max_message_bytes = max_message_bytes
         self._log_closes = log_closes
+        self._parsed = Metrics.counter("fanin", "messages.parsed")
 
-    def process(self, element: tuple[str, Iterable[R.Record]]) -> Iterator[Any]:
+    def _records(self, join_id: str, grouped: Iterable[tuple[bytes | str, Any]],
+                 dead: list[tuple[str, dict[str, Any]]]) -> Iterator[R.Record]:
+        """The group's records; the dead letters of its messages go to ``dead``."""
+        contracts, limit = self._contracts, self._max_message_bytes
+        parsed = 0
+        for data, source in grouped:
+            record, letter = parse_message(data, source, contracts, limit)
+            if record is not None and record[R.JOIN_ID] == join_id:
+                parsed += 1
+                yield record
+            elif record is not None:
+                dead.append((DEAD_LETTER, dead_letter(
+                    _INTERNAL, "join_id read differently before and after the shuffle", data,
+                    source)))
+            elif letter is not None:
+                dead.append((DEAD_LETTER, letter))
+        self._parsed.inc(parsed)
+
+    def process(self, element: tuple[str, Iterable[tuple[bytes | str, Any]]]) -> Iterator[Any]:
         """The per-join limit (docs/spec.md §4): a join holds its first ``max_messages``
         records in arrival order (bounded input: event time, opens first, then the text), and
         no more than ``max_bytes`` of messages (the first record that does not fit ends it).
@@ -180,8 +209,10 @@ class _CloseGroups(_Counting):
         join if an undefined join was decided before it, else it is ``join_too_large``. A
         record after a closed join's tombstone (``D + retention_s``) starts the next join, as
         in a stream whose watermark passed the tombstone's end before it arrived."""
-        _, grouped = element
-        records = list(grouped)
+        join_id, grouped = element
+        dead: list[tuple[str, dict[str, Any]]] = []
+        records = list(self._records(join_id, grouped, dead))
+        yield from self._emit(dead)
         try:  # outputs are built whole before any is emitted: a failure emits none of them
             outputs = _core(bounded_outputs, records, self._catalog, self._max_messages,
                             self._max_bytes)
@@ -486,18 +517,24 @@ class JoinDoFn(_Counting):
 
 
 class JoinRecords(beam.PTransform):
-    """``(join_id, record)`` -> ``closes`` (main), ``late``, ``dead_letter`` outputs."""
+    """Keyed input -> ``closes`` (main), ``late``, ``dead_letter`` outputs.
+
+    Streaming: ``(join_id, record)`` (``ParseMessages``). Bounded: ``(join_id, (data,
+    source))`` (``KeyMessages``), parsed after the shuffle with ``max_message_bytes``.
+    """
 
     def __init__(self, catalog: Catalog, streaming: bool, max_messages_per_join: int = 100_000,
-                 max_bytes_per_join: int = DEFAULT_MAX_BYTES_PER_JOIN, log_closes: bool = False
-                 ) -> None:
+                 max_bytes_per_join: int = DEFAULT_MAX_BYTES_PER_JOIN, log_closes: bool = False,
+                 max_message_bytes: int = DEFAULT_MAX_BYTES) -> None:
         super().__init__()
-        if max_messages_per_join < 1 or max_bytes_per_join < 1:
-            raise ValueError("max_messages_per_join and max_bytes_per_join must be >= 1")
+        if max_messages_per_join < 1 or max_bytes_per_join < 1 or max_message_bytes < 1:
+            raise ValueError("max_messages_per_join, max_bytes_per_join and max_message_bytes "
+                             "must be >= 1")
         self._catalog = catalog
         self._streaming = streaming
         self._max_messages = max_messages_per_join
         self._max_bytes = max_bytes_per_join
+        self._max_message_bytes = max_message_bytes
         self._log_closes = log_closes
 
     def expand(self, keyed: beam.PCollection) -> pvalue.DoOutputsTuple:
@@ -510,7 +547,7 @@ class JoinRecords(beam.PTransform):
         return (
             keyed
             | "GroupByJoin" >> beam.GroupByKey()
-            | "Close" >> beam.ParDo(_CloseGroups(self._catalog, self._max_messages,
-                                                 self._max_bytes, self._log_closes)).with_outputs(
-                LATE, DEAD_LETTER, main=CLOSES)
+            | "Close" >> beam.ParDo(_CloseGroups(
+                self._catalog, self._max_messages, self._max_bytes, self._log_closes,
+                self._max_message_bytes)).with_outputs(LATE, DEAD_LETTER, main=CLOSES)
         )
