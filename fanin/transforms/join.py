@@ -170,7 +170,30 @@ class _CloseGroups(_Counting):
     parsed here (``parse_message``): its record joins, or its dead letter is emitted. A record
     whose join_id is not the group's key (which ``read_join_id`` rules out) is an
     ``internal_error`` dead letter, never folded into another join.
+
+    Memory: a join within ``max_messages`` is parsed once and decided from a list of its
+    records. A hot join (more messages than that) keeps no list: ``bounded_outputs`` reads its
+    grouped messages again (parsed again, twice per decision) and holds only the first
+    ``max_messages`` records; every output is emitted as it is made. Dead letters of the
+    parse are emitted as they come.
+
+    Poison-proof: an exception the core raises while deciding makes the records it had not
+    put in an output yet ``internal_error`` dead letters (``bounded_outputs``' ``on_error``);
+    outputs already emitted stand, so every record is in exactly one output.
     """
+
+    class _Reparsed:
+        """A hot join's records, parsed again from the grouped messages on each iteration
+        (the records only: their dead letters were emitted by the first reading)."""
+
+        def __init__(self, close: _CloseGroups, join_id: str,
+                     grouped: Iterable[tuple[bytes | str, Any]]) -> None:
+            self._close, self._join_id, self._grouped = close, join_id, grouped
+
+        def __iter__(self) -> Iterator[R.Record]:
+            for record, _ in self._close._parse(self._join_id, self._grouped):
+                if record is not None:
+                    yield record
 
     def __init__(self, catalog: Catalog, max_messages: int,
                  max_bytes: int = DEFAULT_MAX_BYTES_PER_JOIN, log_closes: bool = False,
@@ -183,23 +206,28 @@ class _CloseGroups(_Counting):
         self._log_closes = log_closes
         self._parsed = Metrics.counter("fanin", "messages.parsed")
 
-    def _records(self, join_id: str, grouped: Iterable[tuple[bytes | str, Any]],
-                 dead: list[tuple[str, dict[str, Any]]]) -> Iterator[R.Record]:
-        """The group's records; the dead letters of its messages go to ``dead``."""
+    def _parse(self, join_id: str, grouped: Iterable[tuple[bytes | str, Any]]
+               ) -> Iterator[tuple[R.Record | None, tuple[str, dict[str, Any]] | None]]:
+        """Per grouped message: ``(its record, None)`` or ``(None, its dead letter)``."""
         contracts, limit = self._contracts, self._max_message_bytes
-        parsed = 0
         for data, source in grouped:
             record, letter = parse_message(data, source, contracts, limit)
             if record is not None and record[R.JOIN_ID] == join_id:
-                parsed += 1
-                yield record
+                yield record, None
             elif record is not None:
-                dead.append((DEAD_LETTER, dead_letter(
+                yield None, (DEAD_LETTER, dead_letter(
                     _INTERNAL, "join_id read differently before and after the shuffle", data,
-                    source)))
+                    source))
             elif letter is not None:
-                dead.append((DEAD_LETTER, letter))
-        self._parsed.inc(parsed)
+                yield None, (DEAD_LETTER, letter)
+
+    @staticmethod
+    def _poisoned(exc: Exception, records: Iterable[R.Record]
+                  ) -> list[tuple[str, dict[str, Any]]]:
+        """``on_error`` of ``bounded_outputs``: the records' ``internal_error`` dead letters."""
+        failed = _JoinFailed(exc)
+        failed.__cause__ = exc
+        return _internal_errors(records, failed)
 
     def process(self, element: tuple[str, Iterable[tuple[bytes | str, Any]]]) -> Iterator[Any]:
         """The per-join limit (docs/spec.md §4): a join holds its first ``max_messages``
@@ -210,16 +238,21 @@ class _CloseGroups(_Counting):
         record after a closed join's tombstone (``D + retention_s``) starts the next join, as
         in a stream whose watermark passed the tombstone's end before it arrived."""
         join_id, grouped = element
-        dead: list[tuple[str, dict[str, Any]]] = []
-        records = list(self._records(join_id, grouped, dead))
-        yield from self._emit(dead)
-        try:  # outputs are built whole before any is emitted: a failure emits none of them
-            outputs = _core(bounded_outputs, records, self._catalog, self._max_messages,
-                            self._max_bytes)
-        except _JoinFailed as failed:
-            outputs = _internal_errors(records, failed)
-        yield from self._emit(outputs)
-
+        records: list[R.Record] | None = []
+        parsed = 0
+        for record, letter in self._parse(join_id, grouped):
+            if letter is not None:
+                yield from self._emit((letter,))
+            elif record is not None:
+                parsed += 1
+                if records is not None:
+                    records.append(record)
+                    if parsed > self._max_messages:
+                        records = None  # a hot join: read again, never held whole
+        self._parsed.inc(parsed)
+        group = self._Reparsed(self, join_id, grouped) if records is None else records
+        yield from self._emit(bounded_outputs(group, self._catalog, self._max_messages,
+                                              self._max_bytes, on_error=self._poisoned))
 
 def _read_meta(meta: Any) -> list[Any] | None:
     """META, with the slots an earlier Fanin did not write (after ``--update``) defaulted."""

@@ -9,10 +9,13 @@ Guarantees:
 - Bounded: two phases, the way Beam's own file sinks write. Each bundle encodes its objects,
   sorts them per shard and writes them to hidden temporary files
   (``.<kind>-<run token>-s<shard>-<random>.tmp-lines``, never an output's suffix, written
-  like every output file); a finalize step per shard (shards in parallel) merges the shard's
-  temporary files into ``<kind>-all-p0000-s<shard>`` (a single JSONL file is renamed into
-  place) and then deletes every temporary file of the run for that shard, also those of bundle
-  attempts that failed. No output line crosses a shuffle.
+  like every output file): one per shard, or one per ``spill_chars`` characters of a shard's
+  lines, so a bundle holds at most that much of a shard in memory; a finalize step per shard
+  (shards in parallel) merges the shard's sorted temporary files into
+  ``<kind>-all-p0000-s<shard>`` (a single JSONL file is renamed into place; several are
+  merged as they are read, never held whole, unless Parquet is asked for) and then deletes
+  every temporary file of the run for that shard, also those of bundle attempts that failed.
+  No output line crosses a shuffle.
 - Streaming: nothing is ever dropped by lateness, whatever the event times. Outputs are not
   windowed by event time: they stay in the global window (whose end is the end of time, so no
   output is ever behind it) and a shard's pending lines are written as one file when the
@@ -28,12 +31,13 @@ Guarantees:
 
 from __future__ import annotations
 
+import heapq
 import json
 import math
 import uuid
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, BinaryIO
 
 import apache_beam as beam
 from apache_beam.io.filesystem import BeamIOError
@@ -54,6 +58,9 @@ BY_COUNT = "count"  # ``pane_lines`` of them are pending
 BY_TIME = "time"  # ``window_s`` seconds of processing time passed since the first of them
 BY_COUNT_OR_TIME = "count_or_time"  # whichever comes first
 EARLY_FIRINGS = (BY_COUNT, BY_TIME, BY_COUNT_OR_TIME)
+# A bounded bundle writes a shard's pending lines as one sorted temporary file once they hold
+# this many characters (~70 MiB of Python strings at most per shard in memory)
+SPILL_CHARS = 32 * 1024 * 1024
 
 
 def new_token() -> str:
@@ -110,30 +117,47 @@ class _WriteFiles(beam.DoFn):
 
 class _SpillBundles(beam.DoFn):
     """Bounded, first phase: a bundle's lines, encoded and sorted per shard, go to temporary
-    files; outputs ``(shard, temporary path)`` once the bundle's files are complete."""
+    files, a shard's next file each time its pending lines reach ``spill_chars`` characters;
+    outputs ``(shard, temporary path)`` for each file once the bundle's files are complete."""
 
-    def __init__(self, folder: str, kind: str, shards: int, token: str) -> None:
+    def __init__(self, folder: str, kind: str, shards: int, token: str,
+                 spill_chars: int = SPILL_CHARS) -> None:
         self._folder, self._kind, self._shards, self._token = folder, kind, shards, token
+        self._spill_chars = spill_chars
 
     def start_bundle(self) -> None:
         self._lines: dict[int, list[str]] = {}
+        self._chars: dict[int, int] = {}
+        self._spilled: list[tuple[int, str]] = []
 
     def process(self, obj: dict[str, Any]) -> None:
         shard, line = _encode(obj, self._shards)
         lines = self._lines.get(shard)
         if lines is None:
             self._lines[shard] = [line]
+            self._chars[shard] = len(line)
         else:
             lines.append(line)
+            self._chars[shard] += len(line)
+        if self._chars[shard] >= self._spill_chars:
+            self._spill(shard)
+
+    def _spill(self, shard: int) -> None:
+        """Write the shard's pending lines, sorted, as one temporary file."""
+        lines = self._lines.pop(shard)
+        del self._chars[shard]
+        lines.sort()
+        path = FileSystems.join(self._folder, _temp_prefix(self._kind, self._token, shard)
+                                + f"{uuid.uuid4().hex}.tmp-lines")
+        _write_lines(path, lines)
+        self._spilled.append((shard, path))
 
     def finish_bundle(self) -> Iterator[WindowedValue]:
-        for shard, lines in sorted(self._lines.items()):
-            lines.sort()
-            path = FileSystems.join(self._folder, _temp_prefix(self._kind, self._token, shard)
-                                    + f"{uuid.uuid4().hex}.tmp-lines")
-            _write_lines(path, lines)
-            yield GlobalWindows.windowed_value((shard, path))
-        self._lines = {}
+        for shard in sorted(self._lines):
+            self._spill(shard)
+        for spilled in self._spilled:
+            yield GlobalWindows.windowed_value(spilled)
+        self._spilled = []
 
 
 class _Finalize(beam.DoFn):
@@ -161,6 +185,10 @@ class _Finalize(beam.DoFn):
             final = FileSystems.join(self._folder, base + ".jsonl")
             atomic_move(paths[0], final)
             yield final
+        elif self._formats == ("jsonl",):
+            final = FileSystems.join(self._folder, base + ".jsonl")
+            atomic_write(final, lambda handle: _merge_into(paths, handle))
+            yield final
         else:
             ordered: list[str] = []
             for path in paths:
@@ -186,6 +214,19 @@ class _Finalize(beam.DoFn):
             raise FileNotFoundError(f"{self._folder}: temporary files of {base} are gone but "
                                     "its output files are not there")
         return found
+
+
+def _merge_into(paths: list[str], out: BinaryIO) -> None:
+    """The lines of the sorted files ``paths``, merged in order, written to ``out`` as they
+    are read. Lines are compared as UTF-8 bytes with their newline: byte order is code point
+    order (the order ``str`` sorts in), and a JSON line holds no character below the newline
+    (control characters are escaped), so a line sorts before any longer line it begins."""
+    handles = [FileSystems.open(path) for path in paths]
+    try:
+        out.writelines(heapq.merge(*(iter(handle.readline, b"") for handle in handles)))
+    finally:
+        for handle in handles:
+            handle.close()
 
 
 def _delete_all(paths: list[str]) -> None:

@@ -16,7 +16,7 @@ from fanin.core.reducer import JoinReducer
 
 def close_of(messages: list[dict[str, Any]], **defaults: Any) -> dict[str, Any]:
     catalog = make_catalog(**defaults)
-    outputs = bounded_outputs(records(messages, catalog), catalog, 100_000, 2**30)
+    outputs = list(bounded_outputs(records(messages, catalog), catalog, 100_000, 2**30))
     closes = [obj for kind, obj in outputs if kind == "closes"]
     assert len(closes) == 1 and all(kind != "dead_letter" for kind, _ in outputs), outputs
     return closes[0]

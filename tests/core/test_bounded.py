@@ -1,0 +1,129 @@
+"""The bounded decision of one join as a stream (fanin.core.bounded.bounded_outputs): what it
+reads, in what order it breaks ties, and what it does when the core fails part-way."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import pytest
+from support.builders import make_catalog, open_msg, receipt, records
+
+from fanin.contracts import records as R
+from fanin.core import bounded
+from fanin.core.bounded import TOO_LARGE_DETAIL, bounded_outputs
+
+Output = tuple[str, dict[str, Any]]
+
+
+class Reads:
+    """A join's records that count how often they are read (like Beam's grouped values,
+    they can be read again, in the same order)."""
+
+    def __init__(self, recs: list[R.Record]) -> None:
+        self.recs, self.reads = recs, 0
+
+    def __iter__(self) -> Iterator[R.Record]:
+        self.reads += 1
+        return iter(self.recs)
+
+
+def hot_join(receipts: int) -> list[R.Record]:
+    """An open of contract ``strict`` (a, b required, D 10 s) and ``receipts`` identical
+    receipts of branch a at 1 s: the join never completes and closes at D."""
+    catalog = make_catalog()
+    return records([open_msg(contract="strict")] + [receipt("a", 1)] * receipts, catalog)
+
+
+def kinds(outputs: Iterable[Output]) -> Counter[str]:
+    return Counter(obj.get("error") or obj.get("reason") or kind for kind, obj in outputs)
+
+
+def test_a_join_within_the_limit_is_read_once() -> None:
+    group = Reads(hot_join(5))
+    outputs = list(bounded_outputs(group, make_catalog(), 6, 2**30))
+    assert group.reads == 1
+    assert [kind for kind, _ in outputs] == ["closes"]
+    assert outputs[0][1]["counts"]["messages"] == 6
+
+
+def test_a_hot_join_is_read_three_times_and_its_overflow_streams() -> None:
+    group = Reads(hot_join(9))
+    stream = bounded_outputs(group, make_catalog(), 4, 2**30)
+    kind, close = next(stream)  # decided from the first 4 (the open and 3 receipts)
+    assert (kind, close["counts"]["messages"], close["reason"]) == ("closes", 4, "timeout")
+    assert group.reads == 1  # decided from one reading; the rest is read again as it streams
+    rest = list(stream)
+    assert group.reads == 3  # and once more for the next decision: nothing after the tombstone
+    assert kinds(rest) == {"join_too_large": 6}
+    assert all(obj["detail"] == TOO_LARGE_DETAIL for _, obj in rest)
+
+
+def test_equal_records_beyond_the_limit_are_the_later_ones_in_input_order() -> None:
+    # a stable sort by arrival order: identical messages keep the order the input gave them
+    recs = hot_join(6)
+    shuffled = [recs[3], recs[0], recs[6], recs[1], recs[5], recs[2], recs[4]]
+    outputs = list(bounded_outputs(shuffled, make_catalog(), 3, 2**30))
+    lines = [obj["source"]["line"] for kind, obj in outputs if kind == "dead_letter"]
+    assert sorted(lines) == [1, 2, 4, 5]  # held: the open (0), then receipts 3 and 6
+
+
+def test_a_byte_limit_below_the_message_limit_holds_the_fitting_prefix() -> None:
+    recs = hot_join(4)
+    size = sum(bounded.message_bytes(r) for r in recs[:3])
+    outputs = list(bounded_outputs(recs, make_catalog(), 100, size))
+    assert kinds(outputs) == {"timeout": 1, "join_too_large": 2}
+    assert next(obj for kind, obj in outputs if kind == "closes")["counts"]["messages"] == 3
+
+
+def test_overflow_after_the_close_is_late_and_after_the_tombstone_starts_the_next_join(
+        ) -> None:
+    # short: D 10 s, retention 5 s: the join holds the open, a and b and closes complete at
+    # 2 s; a at 3 s and 4 s are beyond the limit and after the close; after 15 s a new join
+    catalog = make_catalog()
+    recs = records([open_msg(contract="short"), receipt("a", 1), receipt("b", 2),
+                    receipt("a", 3), receipt("a", 4), receipt("a", 20, contract="short"),
+                    receipt("b", 21, contract="short")], catalog)
+    outputs = list(bounded_outputs(Reads(recs), catalog, 3, 2**30))
+    closes = [obj for kind, obj in outputs if kind == "closes"]
+    assert [(c["counts"]["messages"], c["reason"], c["closed_at"]) for c in closes] == \
+        [(3, "complete", "2026-01-01T00:00:02.000Z"), (2, "complete", "2026-01-01T00:00:21.000Z")]
+    late = [obj for kind, obj in outputs if kind == "late"]
+    assert sorted((obj["reason"], obj["message"]["event_time"]) for obj in late) == \
+        [("after_close", "2026-01-01T00:00:03.000Z"), ("after_close", "2026-01-01T00:00:04.000Z")]
+    assert len(outputs) == 4
+
+
+def test_a_failure_gives_the_undecided_records_to_on_error_once_each(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    catalog = make_catalog()
+    recs = records([open_msg(contract="short"), receipt("a", 1), receipt("a", 2),
+                    receipt("a", 3), receipt("a", 20, contract="short"),
+                    receipt("b", 21, contract="short")], catalog)
+    decisions = []
+    decide = bounded.decide
+
+    def second_fails(held: list[R.Record], *args: Any) -> Any:
+        decisions.append(len(held))
+        if len(decisions) == 2:
+            raise RuntimeError("boom")
+        return decide(held, *args)
+
+    monkeypatch.setattr(bounded, "decide", second_fails)
+    failed: list[tuple[str, list[R.Record]]] = []
+
+    def on_error(exc: Exception, undecided: Iterable[R.Record]) -> list[Output]:
+        undecided = list(undecided)
+        failed.append((str(exc), undecided))
+        return [("dead_letter", {"error": "internal_error", "line": r[R.SOURCE]["line"]})
+                for r in undecided]
+
+    outputs = list(bounded_outputs(Reads(recs), catalog, 2, 2**30, on_error=on_error))
+    # round 1 (up to the tombstone's end at 15 s) stands; round 2's records go to on_error
+    assert [(msg, [r[R.SOURCE]["line"] for r in undecided]) for msg, undecided in failed] == \
+        [("boom", [4, 5])]
+    assert kinds(outputs) == {"timeout": 1, "join_too_large": 2, "internal_error": 2}
+    with pytest.raises(RuntimeError, match="boom"):  # without on_error the failure propagates
+        decisions.clear()
+        list(bounded_outputs(recs, catalog, 2, 2**30))
