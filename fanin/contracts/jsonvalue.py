@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 import orjson
@@ -161,10 +162,29 @@ def _normalize(value: Any) -> Any:
 
 _DUMPS = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode
 encode_str = json.encoder.encode_basestring
+_SORTED = orjson.OPT_SORT_KEYS
+_FRACTION = re.compile(rb"[0-9][.eE]")  # how orjson writes every float, and no integer
+
+
+def _has_float(written: bytes) -> bool:
+    """Whether orjson's compact output ``written`` holds a float: a digit followed by ``.``,
+    ``e`` or ``E`` outside the strings (between the ``"`` of a text without a backslash,
+    where every ``"`` opens or closes a string). With a backslash: assumed (the general path
+    decides)."""
+    if _FRACTION.search(written) is None:
+        return False
+    if b"\\" in written:
+        return True
+    return _FRACTION.search(b"".join(written.split(b'"')[::2])) is not None
 
 
 def canonical(value: Any) -> str:
-    """Canonical JSON text: sorted fields, integral numbers without fraction, no spaces."""
+    """Canonical JSON text: sorted fields, integral numbers without fraction, no spaces.
+
+    An array or object without a float is written by orjson, whose compact output with sorted
+    fields is that text (the same string escapes; fields in code point order); the rest (a
+    float anywhere, integers beyond 64 bits, lone surrogates) by the general encoder.
+    """
     kind = type(value)
     if kind is str:
         return encode_str(value)
@@ -176,5 +196,12 @@ def canonical(value: Any) -> str:
         return int.__repr__(value)
     if kind is float:
         return int.__repr__(int(value)) if value.is_integer() else float.__repr__(value)
+    if kind is dict or kind is list:
+        try:
+            written = orjson.dumps(value, option=_SORTED)
+        except orjson.JSONEncodeError:
+            return _DUMPS(_normalize(value))
+        if not _has_float(written):
+            return written.decode("utf-8")
     return _DUMPS(_normalize(value))
 

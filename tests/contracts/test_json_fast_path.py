@@ -11,7 +11,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fanin.contracts.jsonvalue import MAX_DEPTH, loads, loads_strict
+from fanin.contracts.jsonvalue import MAX_DEPTH, canonical, loads, loads_strict
 
 CORPUS = Path(__file__).resolve().parents[1] / "data" / "fuzz_corpus"
 SETTINGS = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -82,3 +82,39 @@ def test_fuzz_corpus_decodes_alike() -> None:
         except UnicodeDecodeError:
             continue
         _same(text)
+
+
+def _reference_canonical(value: Any) -> str:
+    """docs/spec.md's canonical JSON, by the standard library: integral numbers without a
+    fraction, fields sorted, no spaces, non-ASCII as itself."""
+    def normal(v: Any) -> Any:
+        if isinstance(v, float) and v.is_integer():
+            return int(v)
+        if isinstance(v, dict):
+            return {k: normal(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [normal(x) for x in v]
+        return v
+    return json.dumps(normal(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+_canon_values = st.recursive(
+    _scalars | st.text(alphabet=st.characters(codec="utf-8"), max_size=12)
+    | st.sampled_from(["1.5", ":1.5", "[2e5", "x\u2028y", "\x1f\x7f", "a,-3.0"]),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
+        st.text(alphabet=st.characters(codec="utf-8"), max_size=4), inner, max_size=4),
+    max_leaves=20)
+
+
+@SETTINGS
+@given(_canon_values)
+def test_canonical_is_the_standard_librarys_canonical_json(value: Any) -> None:
+    assert canonical(value) == _reference_canonical(value)
+
+
+@SETTINGS
+@given(_canon_values)
+def test_canonical_of_a_decoded_message_value_is_that_of_the_value(value: Any) -> None:
+    # the parse path: the value as decoded by ``loads`` (orjson for plain text)
+    decoded = loads(json.dumps({"value": value}, ensure_ascii=False))["value"]
+    assert canonical(decoded) == _reference_canonical(value)
