@@ -98,26 +98,11 @@ class _KeyFn(_Reading):
         yield join_id, element
 
 
-class KeyMessages(beam.PTransform):
-    """``(data, source)`` -> main ``(join_id, (data, source))`` + tagged ``dead_letter``
-    dicts: the bounded plan's first half of ``ParseMessages`` (see the module docstring)."""
-
-    def __init__(self, contract_names: frozenset[str], max_bytes: int = DEFAULT_MAX_BYTES) -> None:
-        super().__init__()
-        if max_bytes <= 0:
-            raise ValueError("max_bytes must be > 0")
-        self._contracts = frozenset(contract_names)
-        self._max_bytes = max_bytes
-
-    def expand(self, pcoll: beam.PCollection) -> pvalue.DoOutputsTuple:
-        return pcoll | "Key" >> beam.ParDo(
-            _KeyFn(self._contracts, self._max_bytes)
-        ).with_output_types(tuple[str, tuple]).with_outputs(DEAD_LETTER, main="records")
-
-
 class ParseMessages(beam.PTransform):
     """``(data, source)`` -> main ``(join_id, record)`` + tagged ``dead_letter`` dicts."""
 
+    _step, _fn = "Validate", _ParseFn
+
     def __init__(self, contract_names: frozenset[str], max_bytes: int = DEFAULT_MAX_BYTES) -> None:
         super().__init__()
         if max_bytes <= 0:
@@ -126,6 +111,13 @@ class ParseMessages(beam.PTransform):
         self._max_bytes = max_bytes
 
     def expand(self, pcoll: beam.PCollection) -> pvalue.DoOutputsTuple:
-        return pcoll | "Validate" >> beam.ParDo(
-            _ParseFn(self._contracts, self._max_bytes)
+        return pcoll | self._step >> beam.ParDo(
+            self._fn(self._contracts, self._max_bytes)
         ).with_output_types(tuple[str, tuple]).with_outputs(DEAD_LETTER, main="records")
+
+
+class KeyMessages(ParseMessages):
+    """``(data, source)`` -> main ``(join_id, (data, source))`` + tagged ``dead_letter``
+    dicts: the bounded plan's first half of ``ParseMessages`` (see the module docstring)."""
+
+    _step, _fn = "Key", _KeyFn
