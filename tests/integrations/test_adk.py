@@ -10,7 +10,6 @@ join that waits must not hang the test), all emitted lines go through one bounde
 from __future__ import annotations
 
 import asyncio
-import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -20,7 +19,7 @@ from google.adk.apps import App
 from google.adk.runners import Runner
 from google.adk.sessions import InMemorySessionService
 from google.adk.workflow import START, JoinNode, Workflow
-from support.fanin_runs import join_ids, load_example, run_fanin
+from support.fanin_runs import fold_runs, load_example
 
 from fanin.integrations.adk import FaninPlugin, attach
 from fanin.sdk import Emitter, MemorySink
@@ -99,16 +98,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
         attach(app, Emitter(sink))
         outcomes[name] = asyncio.run(_bounded(app))
         lines[name] = sink.lines
-    example.main(str(folder / "example.jsonl"))
-    example_lines = (folder / "example.jsonl").read_text().splitlines()
-    closes = run_fanin([*itertools.chain.from_iterable(lines.values()), *example_lines],
-                       folder)
-    result: Runs = {}
-    for name, emitted in lines.items():
-        (join_id,) = join_ids(emitted)  # one fan-out per run: exactly one join
-        result[name] = (outcomes[name], closes[join_id])
-    result["example"] = (None, [closes[j] for j in join_ids(example_lines)])
-    return result
+    return fold_runs(outcomes, lines, example, folder)
 
 
 def test_where_the_join_node_fires_fanin_values_equal_its_output_and_the_state(

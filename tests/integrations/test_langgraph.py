@@ -17,7 +17,7 @@ import pytest
 from langgraph.errors import InvalidUpdateError
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, Send
-from support.fanin_runs import join_ids, load_example, run_fanin
+from support.fanin_runs import fold_runs, load_example
 
 from fanin.integrations.langgraph import FaninCallbackHandler, attach
 from fanin.sdk import Emitter, MemorySink
@@ -108,16 +108,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
     outcomes["per_run"] = graph.invoke(
         CONTRACT_QUESTION, {"callbacks": [FaninCallbackHandler(graph, Emitter(sink))]})
     lines["per_run"] = sink.lines
-    example.main(str(folder / "example.jsonl"))
-    example_lines = (folder / "example.jsonl").read_text().splitlines()
-    closes = run_fanin([*itertools.chain.from_iterable(lines.values()), *example_lines],
-                       folder)
-    result: Runs = {}
-    for name, emitted in lines.items():
-        (join_id,) = join_ids(emitted)  # one fan-out per run: exactly one join
-        result[name] = (outcomes[name], closes[join_id])
-    result["example"] = (None, [closes[j] for j in join_ids(example_lines)])
-    return result
+    return fold_runs(outcomes, lines, example, folder)
 
 
 @pytest.mark.parametrize("variant", ["agree", "agree_async", "per_run"])

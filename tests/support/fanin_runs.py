@@ -4,6 +4,7 @@ through the real ``fanin run`` (bounded, local runner) into closes by ``join_id`
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 import sys
 from collections.abc import Iterable
@@ -57,3 +58,21 @@ def run_fanin(lines: list[str], folder: Path) -> Closes:
     closes = [json.loads(line) for f in (out / "closes").glob("*.jsonl")
               for line in jsonl_lines(f)]
     return {c["join_id"]: c for c in closes}
+
+
+def fold_runs(outcomes: dict[str, Any], lines: dict[str, list[str]], example: ModuleType,
+              folder: Path) -> dict[str, tuple[Any, Any]]:
+    """One ``fanin run`` over the lines each framework run emitted (``lines``: run name ->
+    its lines, one fan-out each) and the example module's joins (``example.main(path)``):
+    run name -> (its ``outcomes`` entry, its join's close); ``"example"`` -> (None, the
+    closes of the example's joins)."""
+    example.main(str(folder / "example.jsonl"))
+    example_lines = (folder / "example.jsonl").read_text().splitlines()
+    closes = run_fanin([*itertools.chain.from_iterable(lines.values()), *example_lines],
+                       folder)
+    result: dict[str, tuple[Any, Any]] = {}
+    for name, emitted in lines.items():
+        (join_id,) = join_ids(emitted)  # one fan-out per run: exactly one join
+        result[name] = (outcomes[name], closes[join_id])
+    result["example"] = (None, [closes[j] for j in join_ids(example_lines)])
+    return result
