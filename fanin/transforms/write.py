@@ -59,8 +59,8 @@ BY_TIME = "time"  # ``window_s`` seconds of processing time passed since the fir
 BY_COUNT_OR_TIME = "count_or_time"  # whichever comes first
 EARLY_FIRINGS = (BY_COUNT, BY_TIME, BY_COUNT_OR_TIME)
 # A bounded bundle writes a shard's pending lines as one sorted temporary file once they hold
-# this many characters (~70 MiB of Python strings at most per shard in memory)
-SPILL_CHARS = 32 * 1024 * 1024
+# this many characters (~16-40 MiB of Python strings per shard in memory, by line length)
+SPILL_CHARS = 16 * 1024 * 1024
 
 
 def new_token() -> str:
@@ -75,9 +75,13 @@ def _base_name(kind: str, pane_index: int, shard: int, run: str = "all") -> str:
 
 
 def _write_lines(path: str, lines: list[str]) -> None:
-    """``lines``, each ended by a newline, as UTF-8 in ``path`` (written atomically)."""
-    data = ("\n".join(lines) + "\n").encode("utf-8")
-    atomic_write(path, lambda handle: handle.write(data))
+    """``lines``, each ended by a newline, as UTF-8 in ``path`` (written atomically, encoded
+    4,096 lines at a time: no copy of the whole text is made)."""
+    def write(handle: BinaryIO) -> None:
+        for start in range(0, max(len(lines), 1), 4096):
+            handle.write(("\n".join(lines[start:start + 4096]) + "\n").encode("utf-8"))
+
+    atomic_write(path, write)
 
 
 def _write_shard(folder: str, kind: str, formats: Sequence[str], base: str,
