@@ -52,9 +52,13 @@ def _child_baseline(what: str) -> dict[str, Any]:
 
 
 def _child_hot(receipts: int, limit: int) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="fanin-abuse-") as tmp:  # ~430 MB at 1M messages
+        return _hot_run(Path(tmp), receipts, limit)
+
+
+def _hot_run(folder: Path, receipts: int, limit: int) -> dict[str, Any]:
     from fanin.pipelines.pipeline import RunConfig, run_pipeline
 
-    folder = Path(tempfile.mkdtemp(prefix="fanin-abuse-"))
     src, contracts = folder / "hot.jsonl", folder / "contracts.yaml"
     contracts.write_text(CONTRACTS)
     with open(src, "w") as fh:

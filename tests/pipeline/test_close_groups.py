@@ -1,0 +1,43 @@
+"""The bounded close step on one hot join (fanin.transforms.join._CloseGroups): it reads the
+grouped messages again instead of holding them, parses repeated texts through a memo, and
+gives exactly the core's outputs for the join's records read once into a list."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from apache_beam import pvalue
+from support.builders import make_catalog, open_msg, receipt
+
+from fanin.contracts.parsing import parse_message
+from fanin.core.bounded import bounded_outputs
+from fanin.transforms.join import _CloseGroups
+
+
+def _outputs(step: _CloseGroups, join_id: str, grouped: list[tuple[str, Any]]) -> list[str]:
+    step.start_bundle()
+    found = [(out.tag, out.value) if isinstance(out, pvalue.TaggedOutput) else ("closes", out)
+             for out in step.process((join_id, grouped))]
+    step.finish_bundle()
+    return sorted(json.dumps(item, sort_keys=True) for item in found)
+
+
+def test_a_hot_join_gives_the_cores_outputs_for_its_records_read_once() -> None:
+    catalog = make_catalog()
+    texts = [json.dumps(open_msg(contract="short"))]
+    for i in range(3_000):  # repeated texts (the memo's hits), distinct ones, a bad one
+        texts.append(json.dumps(receipt("a", 1 + i % 3) if i % 2 else
+                                receipt("a", 1 + i % 40, value=i)))
+    texts.insert(1_500, '{"join_id": "j", "branch": "a"}')
+    texts.append(json.dumps(receipt("b", 30, contract="short")))  # after the tombstone
+    grouped = [(text, ("f.jsonl", n)) for n, text in enumerate(texts)]
+    parsed = [parse_message(data, source, catalog.contracts) for data, source in grouped]
+    expected = [("dead_letter", dead) for record, dead in parsed if dead is not None]
+    expected += bounded_outputs([r for r, _ in parsed if r is not None], catalog, 1_200, 2**30)
+    found = _outputs(_CloseGroups(catalog, 1_200), "j", grouped)
+    assert found == sorted(json.dumps(item, sort_keys=True) for item in expected)
+    assert sum('"join_too_large"' in line for line in found) > 500
+    assert sum(line.startswith('["late"') for line in found) > 50
+    assert sum('"invalid_message"' in line for line in found) == 1
+    assert sum(line.startswith('["closes"') for line in found) == 2
