@@ -47,7 +47,7 @@ from fanin.transforms.write import (
 
 __all__ = ["ConfigError", "RunConfig", "build", "catalog_for", "checkout_setup_file",
            "choose_runner", "configure_options", "early_firing", "replay_horizon_ms",
-           "run_pipeline"]
+           "replay_retention_floor_ms", "run_pipeline"]
 
 _LOG = logging.getLogger("fanin")
 
@@ -174,14 +174,24 @@ def replay_horizon_ms(catalog: Catalog) -> int:
     return int((max(deadlines) + max(retentions)) * 1000) + 1
 
 
+def replay_retention_floor_ms(catalog: Catalog) -> int:
+    """The least ``retention_s`` any join can have, in ms: no tombstone expires sooner after
+    its join's earliest time (the replay moves the watermark for a join's line only when a
+    timer of that join may be due, ``fanin.transforms.replay``)."""
+    retentions = [catalog.defaults.retention_s] + [
+        c.retention_s for c in catalog.contracts.values() if c.retention_s is not None]
+    return int(min(retentions) * 1000)
+
+
 def build(p: beam.Pipeline, config: RunConfig, catalog: Catalog,
           drain: Drain | None = None) -> dict[str, beam.PCollection]:
     """Add the whole job to ``p``; returns the joined outputs by name (for tests). ``drain``
     stops a Pub/Sub read on the local runner (``fanin.io.pubsub_drain``)."""
     if config.replay:
         paths = expand_inputs(config.inputs)
-        lines = [item for path in paths for item in numbered_lines(path)]
-        raw = p | "Read" >> build_replay(lines, config.max_disorder_s, replay_horizon_ms(catalog))
+        lines = (item for path in paths for item in numbered_lines(path))
+        raw = p | "Read" >> build_replay(lines, config.max_disorder_s, replay_horizon_ms(catalog),
+                                         replay_retention_floor_ms(catalog))
     elif config.inputs:
         raw = p | "Read" >> ReadNumberedLines(expand_inputs(config.inputs))
     else:

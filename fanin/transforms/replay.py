@@ -4,98 +4,203 @@ Guarantees:
 - Lines are delivered in file order (file order = arrival order), each stamped with its event
   time (an open's ``opened_at``, a receipt's ``event_time``); a line whose event time cannot be
   read is stamped with the current watermark, so it is never dropped as late by the source.
-- The watermark trails the largest event time seen so far by ``max_disorder_s``; it only moves
-  forward, and is advanced at most once per ``step_ms`` of event time (and at the latest every
-  ``batch`` lines), so a replay is deterministic and cheap.
+- The watermark never passes ``max_seen - max_disorder_s`` (``max_seen``: the largest event
+  time delivered so far) and only moves forward. Each line of a join sees the join's timers
+  fired exactly as if the watermark stood at that bound when it arrived: before a line is
+  delivered, the watermark moves up to the bound whenever a timer of its join may lie in
+  between — the line is behind the bound (a decision timer may be due before its event
+  time), or the join's tombstone may have expired (its lines' earliest time, ``opened_at``
+  values included, plus the least ``retention_s`` in play). Other lines do not move it: a
+  timer of another join cannot change what this line's join does. On input sorted by event
+  time that leaves only a few advances (the outputs do not depend on them), where a step per
+  second of event time made the local runner run a round of bundles for every transform per
+  step (docs/performance.md). The watermark also moves up to the bound at the latest every
+  ``batch`` lines, which bounds the state of joins held open.
 - Before the stream ends the watermark is advanced past every timer the join can set (largest
-  event time + the largest deadline and retention in play), so every close, late line and
-  tombstone expiry happens inside the stream (docs/beam-notes.md: output of timers fired only by the
-  final jump to +infinity is lost on the BundleBasedDirectRunner).
-- The stream's elements and its output PCollection use one portable coder
-  (``KV<bytes, KV<string, varint>>``): a Java runner (Flink) decodes the TestStream payload
-  itself, so a Python-only (pickled) coder would fail there, and the Python workers read the
-  PCollection with the same coder the runner wrote (docs/runners.md).
+  event time or ``opened_at`` + the largest deadline and retention in play), so every close,
+  late line and tombstone expiry happens inside the stream (docs/beam-notes.md: output of
+  timers fired only by the final jump to +infinity is lost on the BundleBasedDirectRunner).
+- The stream itself carries no line text: each of its elements is a run of consecutive lines
+  of one file ``(path, (index of the first, event times))``, and the ``Lines`` step reads the
+  lines from the file (as a bounded run's read does, in the worker) and emits each with its
+  event time. Embedding every line in the TestStream made the job's construction cost grow
+  with the input (the stream is pickled and compressed with the pipeline: 3.5 s for 20,811
+  lines). A file changed between the launch and the read fails the run with a clear error.
+- The stream and its output use portable coders (``KV<string, KV<varint, bytes>>`` and
+  ``KV<bytes, KV<string, varint>>``): a Java runner (Flink) decodes the TestStream payload
+  itself, so a Python-only (pickled) coder would fail there (docs/runners.md).
 """
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Iterable
-from typing import Any
+import uuid
+from array import array
+from collections.abc import Iterable, Iterator
 
+import apache_beam as beam
 from apache_beam.coders import BytesCoder, StrUtf8Coder, TupleCoder, VarIntCoder
 from apache_beam.testing.test_stream import TestStream
 from apache_beam.transforms.window import TimestampedValue
 from apache_beam.utils.timestamp import Timestamp
 
 from fanin.contracts.timefmt import MAX_MS, duration_ms, parse_rfc3339
+from fanin.transforms.read import Source, numbered_lines
 
-__all__ = ["build_replay", "scan_line"]
+__all__ = ["Replay", "build_replay", "scan_line"]
 
 
-def scan_line(line: bytes) -> tuple[int | None, int]:
-    """Best-effort ``(event time ms or None, open's deadline ms or 0)`` of a raw line."""
+def _scan(line: bytes) -> tuple[int | None, int, str | None, int | None]:
+    """Best-effort ``(event time ms, open's deadline ms or 0, join id, opened_at ms a receipt
+    carries)`` of a raw line (``None`` for what cannot be read)."""
     try:
         obj = json.loads(line)
         if not isinstance(obj, dict):
-            return None, 0
+            return None, 0, None, None
         is_open = obj.get("kind") == "open"
         text = obj.get("opened_at") if is_open else obj.get("event_time")
         deadline = obj.get("deadline_s") if is_open else None
         extra = duration_ms(deadline) if isinstance(deadline, (int, float)) and \
             not isinstance(deadline, bool) and deadline > 0 else 0
-        return (parse_rfc3339(text) if isinstance(text, str) else None), extra
+        t = parse_rfc3339(text) if isinstance(text, str) else None
+        join_id = obj.get("join_id")
+        opened = obj.get("opened_at")
+        carried = parse_rfc3339(opened) if not is_open and isinstance(opened, str) else None
+        return t, extra, join_id if isinstance(join_id, str) else None, carried
     except (ValueError, UnicodeDecodeError, RecursionError):
-        return None, 0
+        return None, 0, None, None
+
+
+def scan_line(line: bytes) -> tuple[int | None, int]:
+    """Best-effort ``(event time ms or None, open's deadline ms or 0)`` of a raw line."""
+    t, deadline, _, _ = _scan(line)
+    return t, deadline
 
 
 # (line, (path, line number)): every component a standard coder Java runners know
 ELEMENT_CODER = TupleCoder([BytesCoder(), TupleCoder([StrUtf8Coder(), VarIntCoder()])])
 ELEMENT_TYPE = tuple[bytes, tuple[str, int]]  # Beam infers the coder from it
+# (path, (index of the run's first line among the file's messages, event times as int64s))
+RUN_CODER = TupleCoder([StrUtf8Coder(), TupleCoder([VarIntCoder(), BytesCoder()])])
+RUN_TYPE = tuple[str, tuple[int, bytes]]
 
 
 def _stamp(ms: int) -> Timestamp:
     return Timestamp(micros=ms * 1000)
 
 
-def build_replay(lines: Iterable[tuple[bytes, dict[str, Any]]], max_disorder_s: float,
-                 horizon_ms: int, step_ms: int = 1000, batch: int = 1000) -> TestStream:
-    """A TestStream of ``(line, source)`` elements; ``horizon_ms``: deadline + retention room.
+@functools.lru_cache(maxsize=2)  # runs arrive file after file
+def _file_lines(path: str, token: str) -> list[tuple[bytes, Source]]:
+    """The messages of ``path`` as read for the replay of job ``token`` (one read per file and
+    worker process while the replay moves through it)."""
+    return list(numbered_lines(path))
 
-    The final watermark advance also covers the longest ``deadline_s`` of any open replayed.
+
+class _ExpandRuns(beam.DoFn):
+    """A run ``(path, (first, event times))`` -> its lines ``(line, (path, number))``, each
+    with its event time."""
+
+    def __init__(self, counts: dict[str, int], token: str) -> None:
+        self._counts = counts
+        self._token = token
+
+    def process(self, run: tuple[str, tuple[int, bytes]]) -> Iterator[TimestampedValue]:
+        path, (first, packed) = run
+        lines = _file_lines(path, self._token)
+        if len(lines) != self._counts[path]:
+            raise RuntimeError(f"--replay: {path} changed while it was replayed "
+                               f"({self._counts[path]} messages when the job was built, "
+                               f"{len(lines)} now)")
+        stamps = array("q")
+        stamps.frombytes(packed)
+        for offset, ms in enumerate(stamps):
+            yield TimestampedValue(lines[first + offset], _stamp(ms))
+
+
+class Replay(beam.PTransform):
+    """Files replayed as a stream of ``(line, source)`` (see the module's guarantees).
+
+    ``lines``: ``(line, (path, number))`` in arrival order, as ``numbered_lines`` yields them
+    (the lines are read again from ``path`` in the worker); ``horizon_ms``: deadline +
+    retention room for the final advance; ``retention_floor_ms``: the least ``retention_s``
+    any join can have, in ms (0 is always safe: the watermark then moves before every line of
+    a join that has earlier lines and whose tombstone may have expired by the bound).
     """
-    stream = TestStream(coder=ELEMENT_CODER)
-    lag = int(max_disorder_s * 1000)
-    watermark: int | None = None
-    max_seen: int | None = None
-    pending: list[Any] = []
-    longest = 0
 
-    def flush(advance_to: int | None) -> None:
-        nonlocal watermark
-        if pending:
-            stream.add_elements(list(pending))
-            pending.clear()
-        if advance_to is not None and (watermark is None or advance_to > watermark):
-            stream.advance_watermark_to(_stamp(advance_to))
-            watermark = advance_to
+    def __init__(self, lines: Iterable[tuple[bytes, Source]], max_disorder_s: float,
+                 horizon_ms: int, retention_floor_ms: int = 0, batch: int = 20_000) -> None:
+        super().__init__()
+        self._counts: dict[str, int] = {}
+        self._token = uuid.uuid4().hex
+        self._stream = self._plan(lines, int(max_disorder_s * 1000), horizon_ms,
+                                  retention_floor_ms, batch)
 
-    for line, source in lines:
-        t, deadline_ms = scan_line(line)
-        longest = max(longest, deadline_ms)
-        if t is not None and (max_seen is None or t > max_seen):
-            max_seen = t
-        target = None if max_seen is None else max_seen - lag
-        if target is not None and watermark is not None and target - watermark >= step_ms:
-            # the earlier lines first, then the watermark moves up to this one (every timer
-            # it passes fires before this line arrives, as on a live source)
-            flush(target)
-        stamp = t if t is not None else (watermark if watermark is not None else max_seen or 0)
-        pending.append(TimestampedValue((line, source), _stamp(stamp)))
-        if watermark is None or len(pending) >= batch:
-            flush(target)
-    # deadlines are capped at the end of year 9999, so no timer is later than that + horizon
-    final = min((max_seen or 0) + longest, MAX_MS) + horizon_ms + 1
-    flush(None)
-    stream.advance_watermark_to(_stamp(max(final, watermark or final)))
-    return stream.advance_watermark_to_infinity().with_output_types(ELEMENT_TYPE)
+    def _plan(self, lines: Iterable[tuple[bytes, Source]], lag: int, horizon_ms: int,
+              retention_floor_ms: int, batch: int) -> TestStream:
+        stream = TestStream(coder=RUN_CODER)
+        counts = self._counts
+        watermark: int | None = None
+        max_seen: int | None = None
+        latest = 0  # the largest event time or opened_at: no deadline is earlier than it
+        longest = 0
+        earliest: dict[str, int] = {}  # join id -> earliest time among its lines delivered
+        runs: list[tuple[str, int, array]] = []  # pending (path, first index, stamps)
+        since = 0  # lines since the watermark last moved
+
+        def flush(advance_to: int | None) -> None:
+            nonlocal watermark, since
+            if runs:
+                stream.add_elements([
+                    TimestampedValue((path, (first, stamps.tobytes())), _stamp(min(stamps)))
+                    for path, first, stamps in runs])
+                runs.clear()
+            if advance_to is not None and (watermark is None or advance_to > watermark):
+                stream.advance_watermark_to(_stamp(advance_to))
+                watermark = advance_to
+                since = 0
+
+        for line, (path, _) in lines:
+            index = counts.get(path, 0)
+            counts[path] = index + 1
+            t, deadline_ms, join_id, carried = _scan(line)
+            longest = max(longest, deadline_ms)
+            if t is not None and (max_seen is None or t > max_seen):
+                max_seen = t
+            times = [x for x in (t, carried) if x is not None]
+            if times:
+                latest = max(latest, *times)
+            bound = None if max_seen is None else max_seen - lag
+            if bound is not None and (watermark is None or bound > watermark):
+                seen = earliest.get(join_id) if join_id is not None else None
+                if (t is not None and t < bound) or since >= batch or (
+                        seen is not None and seen + retention_floor_ms + 1 <= bound):
+                    # the earlier lines first, then the watermark moves up to the bound: every
+                    # timer of this line's join it passes fires before the line arrives
+                    flush(bound)
+            stamp = t if t is not None else (watermark if watermark is not None
+                                             else max_seen or 0)
+            if runs and runs[-1][0] == path and len(runs[-1][2]) < batch:
+                runs[-1][2].append(stamp)
+            else:
+                runs.append((path, index, array("q", [stamp])))
+            since += 1
+            if join_id is not None and times:
+                earliest[join_id] = min(earliest.get(join_id, min(times)), *times)
+        # deadlines are capped at the end of year 9999, so no timer is later than that + horizon
+        final = min(max(max_seen or 0, latest) + longest, MAX_MS) + horizon_ms + 1
+        flush(None)
+        stream.advance_watermark_to(_stamp(max(final, watermark or final)))
+        return stream.advance_watermark_to_infinity().with_output_types(RUN_TYPE)
+
+    def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection:
+        return (pbegin
+                | "Stream" >> self._stream
+                | "Lines" >> beam.ParDo(_ExpandRuns(dict(self._counts), self._token))
+                .with_output_types(ELEMENT_TYPE))
+
+
+def build_replay(lines: Iterable[tuple[bytes, Source]], max_disorder_s: float,
+                 horizon_ms: int, retention_floor_ms: int = 0, batch: int = 20_000) -> Replay:
+    """``Replay(...)``: the replay of ``lines`` (see ``Replay``)."""
+    return Replay(lines, max_disorder_s, horizon_ms, retention_floor_ms, batch)

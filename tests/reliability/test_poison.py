@@ -89,10 +89,13 @@ def test_a_failing_join_goes_to_dead_letter_and_the_run_goes_on(
     internal = [d for d in dead if d["error"] == "internal_error"]
     assert {d["detail"] for d in internal} == {f"Injected: {where} failed"}
     assert all("secret" not in d["detail"] for d in dead)
-    if mode == "bounded" or where != "encode":
+    if mode != "eager" or where != "encode":
+        # a watermark replay of sorted input moves the watermark only where a timer changes
+        # what a message does (fanin.transforms.replay): the join is decided when its timer
+        # fires, its last receipt already held, as in the bounded run
         assert internal == dead
-    else:  # the join failed when it closed; the receipt after that starts a new, undefined
-        # join (the poisoned join's state is dropped)
+    else:  # the eager join failed when it closed; the receipt after that starts a new,
+        # undefined join (the poisoned join's state is dropped)
         assert [d["error"] for d in dead if d not in internal] == ["undefined_join"]
     assert accounted(found) == messages(LINES)
     if mode == "bounded":  # the streaming local runner does not report counters reliably
