@@ -66,9 +66,11 @@ def bounded_outputs(records: Iterable[R.Record], catalog: Catalog, max_messages:
                     max_bytes: int, on_error: OnError | None = None) -> Iterator[Output]:
     """The outputs of one join's records, every record known (see the module docstring).
 
-    ``records`` is iterated once when the join is within ``max_messages``; beyond it, twice
-    more per decision (the join's first records, then the rest), so it must give the same
-    records in the same order each time (a list, or Beam's grouped values).
+    ``records`` is iterated once when the join is within ``max_messages``. A decision over
+    more records than that reads them twice (for the first ``max_messages`` in arrival order,
+    then for the rest as they stream by) and the next decision reads them again, so
+    ``records`` must give the same records in the same order each time (a list, or Beam's
+    grouped values).
 
     The join is decided in rounds: a round decides the join's records after the previous
     round's tombstone or undefined decision (all of them, in the first round). With
