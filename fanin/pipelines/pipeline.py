@@ -7,7 +7,9 @@ Guarantees:
   ``Publish/<kind>`` when asked) so a Dataflow update keeps matching them
   (``tests/test_transform_names.py``).
 - ``choose_runner`` always names a runner explicitly, so no run tries to download Prism:
-  bounded file input -> ``FnApiRunner``; ``--replay`` and Pub/Sub -> ``BundleBasedDirectRunner``.
+  bounded file input -> ``FnApiRunner``; ``--replay`` and Pub/Sub -> ``BundleBasedDirectRunner``
+  (for replays measured against Prism: faster, and Prism 2.77 can emit a timer's output twice
+  when it splits a bundle, apache/beam#35771; docs/runners.md).
 """
 
 from __future__ import annotations
