@@ -339,6 +339,10 @@ def run_pipeline(config: RunConfig, beam_args: Sequence[str]) -> beam.runners.ru
         _prepare_output(config.output, config.overwrite)
     _LOG.info("fanin: runner %s, %s input", runner,
               "streaming" if config.streaming else "bounded")
+    if config.streaming and runner.endswith("PrismRunner"):
+        _LOG.warning("fanin: Prism 2.77 may emit a stateful join's closes and late lines more "
+                     "than once when it splits a bundle with timers (apache/beam#35771, "
+                     "docs/runners.md); the default local streaming runner does not")
     result = p.run()
     if config.streaming and runner.endswith("DataflowRunner"):
         _LOG.info("fanin: streaming job submitted; it runs until drained or cancelled")
