@@ -15,7 +15,7 @@ from apache_beam.coders import coders
 from fanin.contracts.parsing import DEFAULT_MAX_BYTES, parse_message
 from fanin.contracts.timefmt import format_ms, parse_rfc3339
 from fanin.pipelines.pipeline import ConfigError, RunConfig, run_pipeline
-from fanin.transforms import join
+from fanin.transforms import join, join_streaming
 
 KINDS = ("closes", "late", "dead_letter")
 T0 = parse_rfc3339("2026-01-01T00:00:00Z")
@@ -100,11 +100,11 @@ def test_meta_written_by_an_earlier_fanin_reads_with_defaults() -> None:
     """After ``--update`` from a Fanin whose META had fewer slots (5: before FULL; 6: before
     BYTES), the missing slots read as their defaults instead of failing every arrival."""
     for old in ([1, 2, 3, None, None], [1, 2, 3, None, None, None]):
-        value = join._read_meta(SimpleNamespace(read=lambda old=old: list(old)))
+        value = join_streaming._read_meta(SimpleNamespace(read=lambda old=old: list(old)))
         assert value == [1, 2, 3, None, None, None, 0]
     current = [1, 2, 3, 4, None, None, 77]
-    assert join._read_meta(SimpleNamespace(read=lambda: list(current))) == current
-    assert join._read_meta(SimpleNamespace(read=lambda: None)) is None
+    assert join_streaming._read_meta(SimpleNamespace(read=lambda: list(current))) == current
+    assert join_streaming._read_meta(SimpleNamespace(read=lambda: None)) is None
 
 
 @pytest.mark.parametrize("replay", [False, True], ids=["bounded", "stream"])

@@ -1,4 +1,4 @@
-"""The bounded close step on one hot join (fanin.transforms.join._CloseGroups): it reads the
+"""The bounded close step on one hot join (fanin.transforms.join_bounded.CloseGroups): it reads the
 grouped messages again instead of holding them, parses repeated texts through a memo, and
 gives exactly the core's outputs for the join's records read once into a list."""
 
@@ -12,10 +12,10 @@ from support.builders import make_catalog, open_msg, receipt
 
 from fanin.contracts.parsing import parse_message
 from fanin.core.bounded import bounded_outputs
-from fanin.transforms.join import _CloseGroups
+from fanin.transforms.join_bounded import CloseGroups
 
 
-def _outputs(step: _CloseGroups, join_id: str, grouped: list[tuple[str, Any]]) -> list[str]:
+def _outputs(step: CloseGroups, join_id: str, grouped: list[tuple[str, Any]]) -> list[str]:
     step.start_bundle()
     found = [(out.tag, out.value) if isinstance(out, pvalue.TaggedOutput) else ("closes", out)
              for out in step.process((join_id, grouped))]
@@ -35,7 +35,7 @@ def test_a_hot_join_gives_the_cores_outputs_for_its_records_read_once() -> None:
     parsed = [parse_message(data, source, catalog.contracts) for data, source in grouped]
     expected = [("dead_letter", dead) for record, dead in parsed if dead is not None]
     expected += bounded_outputs([r for r, _ in parsed if r is not None], catalog, 1_200, 2**30)
-    found = _outputs(_CloseGroups(catalog, 1_200), "j", grouped)
+    found = _outputs(CloseGroups(catalog, 1_200), "j", grouped)
     assert found == sorted(json.dumps(item, sort_keys=True) for item in expected)
     assert sum('"join_too_large"' in line for line in found) > 500
     assert sum(line.startswith('["late"') for line in found) > 50

@@ -15,7 +15,7 @@ from fanin.contracts import records as R
 from fanin.contracts.catalog import JoinDefaults
 from fanin.core import bounded, reducer
 from fanin.pipelines.pipeline import RunConfig, run_pipeline
-from fanin.transforms import join
+from fanin.transforms import join_streaming
 from tests.reliability.runs import accounted, messages, read_jsonl, write_lines
 
 LINES = [
@@ -50,24 +50,24 @@ def _fault(where: str, monkeypatch: pytest.MonkeyPatch) -> None:
 
         monkeypatch.setattr(reducer.JoinReducer, "add", add)
     elif where == "decide":
-        real_decide = join.decide
+        real_decide = join_streaming.decide
 
         def decide(records: Any, *args: Any) -> Any:
             if _poisoned(records):
                 raise Injected("decide failed")
             return real_decide(records, *args)
 
-        monkeypatch.setattr(join, "decide", decide)  # the streaming join
+        monkeypatch.setattr(join_streaming, "decide", decide)  # the streaming join
         monkeypatch.setattr(bounded, "decide", decide)  # the bounded plan
     else:
-        real_outputs = join.closed_outputs
+        real_outputs = join_streaming.closed_outputs
 
         def closed_outputs(outcome: Any) -> Any:
             if outcome.close["join_id"] == "poison":
                 raise Injected("encode failed")
             return real_outputs(outcome)
 
-        monkeypatch.setattr(join, "closed_outputs", closed_outputs)
+        monkeypatch.setattr(join_streaming, "closed_outputs", closed_outputs)
         monkeypatch.setattr(bounded, "closed_outputs", closed_outputs)
 
 

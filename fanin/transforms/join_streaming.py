@@ -1,0 +1,344 @@
+"""The streaming plan (``fanin.transforms.join``): ``JoinDoFn``, a stateful DoFn with
+event-time timers in the global window. See its docstring for what it guarantees."""
+
+from __future__ import annotations
+
+import random
+from collections import OrderedDict
+from collections.abc import Iterator
+from typing import Any
+
+import apache_beam as beam
+from apache_beam.coders import coders
+from apache_beam.transforms import userstate
+from apache_beam.transforms.timeutil import TimeDomain
+from apache_beam.transforms.window import GlobalWindow
+from apache_beam.utils.timestamp import Timestamp
+
+from fanin.contracts import records as R
+from fanin.contracts.catalog import Catalog
+from fanin.core.bounded import TOO_LARGE_DETAIL, UNDEFINED_DETAIL, message_bytes
+from fanin.core.closing import Closed, Undefined, decide, late_reason
+from fanin.core.outcomes import LATE, closed_outputs, late_object, rejected_outputs
+from fanin.core.reducer import JoinReducer
+from fanin.transforms.join_outputs import (
+    DEFAULT_MAX_BYTES_PER_JOIN,
+    _all,
+    _core,
+    _Counting,
+    _internal_errors,
+    _JoinFailed,
+)
+
+__all__ = ["JoinDoFn"]
+
+_MAX_TS_MS = GlobalWindow().max_timestamp().micros // 1000 - 1
+_NO_HORIZON = -(2**62)  # nothing is known to be complete before the first timer fires
+
+# META, the streaming join's bookkeeping (one list, one state read and write per arrival):
+# EPOCH  random id of the bag's current contents (the reducer cache is valid for one epoch)
+# COUNT  records in the bag
+# HORIZON the watermark as last seen by a timer (every record up to it is known)
+# WAKE   the time the DECIDE timer is set for, or None
+# TOMB   after a close: [close reason, closed_at, D, D + retention], else None
+# FULL   once the bag holds max_messages_per_join records, the final decision over them:
+#        [closed_at, D, close reason] of a close, or [None, D, None] of an undefined join
+# BYTES  UTF-8 bytes of the messages in the bag; max_bytes_per_join once a message did not fit
+#        (the bag is full: like COUNT at the message limit, it stays full)
+EPOCH, COUNT, HORIZON, WAKE, TOMB, FULL, BYTES = range(7)
+_META_DEFAULTS = (None, 0)  # FULL, BYTES of a META written by an earlier Fanin (see _read_meta)
+
+
+def _read_meta(meta: Any) -> list[Any] | None:
+    """META, with the slots an earlier Fanin did not write (after ``--update``) defaulted."""
+    value = meta.read()
+    if value is not None and len(value) <= BYTES:
+        value = [*value, *_META_DEFAULTS[len(value) - FULL:]]
+    return value
+
+
+class JoinDoFn(_Counting):
+    """The streaming join: per ``join_id`` state in the global window, event-time timers.
+
+    State: ``MSGS`` (bag of the join's records), ``META`` (bookkeeping; its slots are named
+    by the module's ``EPOCH`` ... ``FULL`` constants). Timers: ``DECIDE`` (event time: the
+    next time the closing decision must be re-asked) and ``EXPIRE`` (event time: tombstone end
+    ``D + retention``).
+
+    Guarantees:
+    - ``eager`` joins close in ``process`` the moment the records received make them closable;
+      ``watermark`` joins close when the watermark passes the close time. Deadline closes fire
+      when the watermark passes ``D`` (timers are set 1 ms after the time they decide, so a
+      record with event time exactly ``D`` is still included).
+    - A join closes at most once while its tombstone lives (until the watermark passes
+      ``D + retention_s``). Records for a tombstoned join go to ``late``.
+    - Every record received ends in exactly one output: in a close's ``counts.messages``, in
+      ``late`` or in ``dead_letter`` (undefined joins, or beyond ``max_messages_per_join``
+      or ``max_bytes_per_join``:
+      ``_overflow`` applies the same rule as the bounded plan, so a replay of input sorted by
+      event time gives the bounded result).
+    - The order-independent reducer over the received records is cached per worker (LRU,
+      validated against the state's epoch and count), so each arrival costs O(1) amortised;
+      the cache is only an accelerator: state is the truth, a miss rebuilds from the bag.
+    """
+
+    MSGS = userstate.BagStateSpec("msgs", coders.FastPrimitivesCoder())
+    META = userstate.ReadModifyWriteStateSpec("meta", coders.FastPrimitivesCoder())
+    DECIDE = userstate.TimerSpec("decide", TimeDomain.WATERMARK)
+    EXPIRE = userstate.TimerSpec("expire", TimeDomain.WATERMARK)
+
+    def __init__(self, catalog: Catalog, max_messages: int, cache_size: int = 20_000,
+                 max_bytes: int = DEFAULT_MAX_BYTES_PER_JOIN, log_closes: bool = False) -> None:
+        self._catalog = catalog
+        self._max_messages = max_messages
+        self._max_bytes = max_bytes
+        self._log_closes = log_closes
+        self._cache_size = cache_size
+        self._cache: OrderedDict[str, tuple[int, int, JoinReducer]] = OrderedDict()
+        self._holding = False  # whether the record process() is handling is in the bag yet
+
+    def setup(self) -> None:
+        self._cache = OrderedDict()
+
+    # --------------------------------------------------------------------- helpers
+    @staticmethod
+    def _clear(msgs: Any, meta: Any, decide_timer: Any, expire_timer: Any) -> None:
+        """The one place that drops all of a join's state and timers."""
+        msgs.clear()
+        meta.clear()
+        decide_timer.clear()
+        expire_timer.clear()
+
+    def _rebuild(self, join_id: str, epoch: int, count: int, records: list[R.Record]
+                 ) -> JoinReducer:
+        """A cache miss: fold the bag's records into a fresh reducer and remember it."""
+        reducer = _core(JoinReducer, self._catalog)
+        for record in records:
+            _core(reducer.add, record)
+        self._remember(join_id, epoch, count, reducer)
+        return reducer
+
+    def _remember(self, join_id: str, epoch: int, count: int, reducer: JoinReducer) -> None:
+        self._cache[join_id] = (epoch, count, reducer)
+        self._cache.move_to_end(join_id)
+        while len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)
+
+    @staticmethod
+    def _decide_now(reducer: JoinReducer, record: R.Record, horizon: int, wake: int | None
+                    ) -> bool:
+        """Whether a closable join must run the closing decision on this arrival.
+
+        Eager joins always do (they close now). A watermark join whose decision timer is
+        already pending at ``wake`` need not when the record is not earlier than ``wake``: it
+        cannot change what is decided before ``wake``, and the timer re-decides with it. This
+        keeps a hot watermark join from re-deciding on every arrival.
+        """
+        if reducer.definition.close_trigger == "eager":
+            return True
+        return wake is None or wake <= horizon or record[R.TIME] < wake
+
+    @staticmethod
+    def _set(timer: Any, ms: int) -> None:
+        timer.set(Timestamp(micros=min(ms, _MAX_TS_MS) * 1000))
+
+    def _settle(self, join_id: str, records: list[R.Record], meta_value: list[Any],
+                msgs: Any, meta: Any, decide_timer: Any, expire_timer: Any) -> Iterator[Any]:
+        """Ask the closing decision at the known horizon and apply what it says.
+
+        Exits: a close (bag cleared, tombstone written, EXPIRE set); an undefined join (its
+        records rejected, the rest decided again as a fresh join); pending (DECIDE set to the
+        time to ask again, META written); or nothing left (all state and timers cleared).
+        """
+        epoch, count, horizon, wake = meta_value[EPOCH], meta_value[COUNT], \
+            meta_value[HORIZON], meta_value[WAKE]
+        size = meta_value[BYTES]
+        while records:
+            outcome = _core(decide, records, self._catalog, horizon)
+            if isinstance(outcome, Closed):
+                outputs = _core(_all, closed_outputs, outcome)  # before the state changes
+                self._cache.pop(join_id, None)
+                msgs.clear()
+                decide_timer.clear()
+                # records already here but after the tombstone's end: late as well (a stream
+                # that delivers them after the tombstone expired starts the next join)
+                outputs += [(LATE, late_object(r, late_reason(r[R.TIME], outcome.deadline),
+                                               outcome.reason)) for r in outcome.reopened]
+                expiry = max(outcome.deadline + outcome.retention_ms, outcome.decided_at)
+                meta.write([epoch, 0, horizon, None,
+                            [outcome.reason, outcome.closed_at, outcome.deadline, expiry], None,
+                            0])
+                self._set(expire_timer, expiry + 1)
+                yield from self._emit(outputs)
+                return
+            if isinstance(outcome, Undefined):
+                yield from self._emit(rejected_outputs(outcome.rejected, "undefined_join",
+                                                       UNDEFINED_DETAIL))
+                records = outcome.rest
+                self._cache.pop(join_id, None)
+                epoch, count = random.getrandbits(62), len(records)
+                size = sum(message_bytes(r) for r in records)
+                msgs.clear()
+                for record in records:
+                    msgs.add(record)
+                continue
+            target = outcome.wake_at if wake is None or wake <= horizon \
+                else min(wake, outcome.wake_at)
+            self._set(decide_timer, target + 1)
+            meta.write([epoch, count, horizon, target, None, None, size])
+            return
+        self._clear(msgs, meta, decide_timer, expire_timer)
+
+    def _overflow(self, join_id: str, record: R.Record, value: list[Any], msgs: Any,
+                  meta: Any, decide_timer: Any, expire_timer: Any) -> Iterator[Any]:
+        """A record for a join whose bag is full (docs/spec.md §4, per-join limit).
+
+        The bag can take no more records, so the decision over it is final whatever the
+        watermark; it is computed once and kept in META. Exits: late (the join closes before
+        the record's event time); the next join (an undefined join decided before it: that
+        join is settled now and the record starts the next one); else ``join_too_large``.
+        """
+        full = value[FULL]
+        if full is None:
+            outcome = _core(decide, list(msgs.read()), self._catalog, None)
+            if isinstance(outcome, Closed):
+                full = [outcome.closed_at, outcome.deadline, outcome.reason]
+            elif isinstance(outcome, Undefined):
+                full = [None, outcome.decided_at, None]
+            else:
+                raise ValueError(f"a full join must be decided, not {outcome!r}")
+            value[FULL] = full
+            meta.write(value)
+        closed_at, deadline, reason = full
+        time = record[R.TIME]
+        if closed_at is not None and time > closed_at:
+            yield from self._emit([(LATE, _core(late_object, record,
+                                                late_reason(time, deadline), reason))])
+        elif closed_at is None and time > deadline:
+            msgs.add(record)
+            self._holding = True
+            value[COUNT] += 1
+            value[BYTES] += message_bytes(record)
+            value[HORIZON] = max(value[HORIZON], deadline)
+            value[FULL] = None
+            yield from self._settle(join_id, list(msgs.read()), value, msgs, meta,
+                                    decide_timer, expire_timer)
+        else:
+            yield from self._emit(rejected_outputs([record], "join_too_large", TOO_LARGE_DETAIL))
+
+    def _poisoned(self, join_id: str, extra: list[R.Record], failed: _JoinFailed, msgs: Any,
+                  meta: Any, decide_timer: Any, expire_timer: Any) -> Iterator[Any]:
+        """The core failed on this join: every record it holds, and ``extra`` (the arriving
+        record when it is not held yet), go to ``dead_letter`` as ``internal_error``; the
+        join's state, timers and cached reducer are dropped (a later record starts afresh)."""
+        records = [*msgs.read(), *extra]
+        self._cache.pop(join_id, None)
+        self._clear(msgs, meta, decide_timer, expire_timer)
+        yield from self._emit(_internal_errors(records, failed))
+
+    # --------------------------------------------------------------------- callbacks
+    def process(self, element: tuple[str, R.Record],
+                msgs: Any = beam.DoFn.StateParam(MSGS),
+                meta: Any = beam.DoFn.StateParam(META),
+                decide_timer: Any = beam.DoFn.TimerParam(DECIDE),
+                expire_timer: Any = beam.DoFn.TimerParam(EXPIRE)) -> Iterator[Any]:
+        """One arrival (``_arrive``); a failure of the core poisons this join only."""
+        self._holding = False  # set once the arriving record is in the bag
+        try:
+            yield from self._arrive(element, msgs, meta, decide_timer, expire_timer)
+        except _JoinFailed as failed:
+            yield from self._poisoned(element[0], [] if self._holding else [element[1]],
+                                      failed, msgs, meta, decide_timer, expire_timer)
+
+    def _arrive(self, element: tuple[str, R.Record], msgs: Any, meta: Any, decide_timer: Any,
+                expire_timer: Any) -> Iterator[Any]:
+        """One arrival. Exits: late (a tombstone: the join closed already); the per-join
+        limit (``_overflow``); a decision now (the record is behind the known horizon, or the
+        join became closable: ``_settle``); else the record waits in the bag with DECIDE set
+        to the least of the pending wake time and the deadline."""
+        join_id, record = element
+        value = _read_meta(meta)
+        if value is None:
+            value = [random.getrandbits(62), 0, _NO_HORIZON, None, None, None, 0]
+        tomb = value[TOMB]
+        if tomb is not None:
+            close_reason, _, deadline, _ = tomb
+            late = _core(late_object, record, late_reason(record[R.TIME], deadline),
+                         close_reason)
+            yield from self._emit([(LATE, late)])
+            return
+        epoch, count, horizon, wake = value[EPOCH], value[COUNT], value[HORIZON], value[WAKE]
+        size = value[BYTES] + message_bytes(record)
+        if count >= self._max_messages or (count and size > self._max_bytes):
+            value[BYTES] = max(value[BYTES], self._max_bytes)  # full: stays full
+            yield from self._overflow(join_id, record, value, msgs, meta, decide_timer,
+                                      expire_timer)
+            return
+        cached = self._cache.get(join_id)
+        msgs.add(record)
+        self._holding = True
+        if cached is not None and cached[0] == epoch and cached[1] == count:
+            reducer = cached[2]
+            _core(reducer.add, record)
+            self._remember(join_id, epoch, count + 1, reducer)
+            records: list[R.Record] | None = None
+        else:
+            records = list(msgs.read())
+            reducer = self._rebuild(join_id, epoch, count + 1, records)
+        if record[R.TIME] <= horizon or (_core(reducer.closable) and self._decide_now(
+                reducer, record, horizon, wake)):
+            # _settle writes META (or clears the state) on every path
+            yield from self._settle(join_id, records or list(msgs.read()),
+                                    [epoch, count + 1, horizon, wake, None, None, size], msgs,
+                                    meta, decide_timer, expire_timer)
+            return
+        deadline = _core(reducer.deadline)
+        if deadline is None:
+            raise ValueError("a join with records has a deadline")
+        target = deadline if wake is None or wake <= horizon else min(wake, deadline)
+        if target != wake:
+            self._set(decide_timer, target + 1)
+        meta.write([epoch, count + 1, horizon, target, None, None, size])  # one write/arrival
+
+    @userstate.on_timer(DECIDE)
+    def on_decide(self, key: Any = beam.DoFn.KeyParam, fired: Any = beam.DoFn.TimestampParam,
+                  msgs: Any = beam.DoFn.StateParam(MSGS),
+                  meta: Any = beam.DoFn.StateParam(META),
+                  decide_timer: Any = beam.DoFn.TimerParam(DECIDE),
+                  expire_timer: Any = beam.DoFn.TimerParam(EXPIRE)) -> Iterator[Any]:
+        """The watermark passed a pending decision time: every record before it is known, so
+        the horizon moves there and the decision is asked again (``_settle``). Nothing to do
+        for a closed join (its tombstone waits for EXPIRE) or a cleared one."""
+        value = _read_meta(meta)
+        if value is None or value[TOMB] is not None:
+            return
+        value[HORIZON] = max(value[HORIZON], fired.micros // 1000 - 1)
+        value[WAKE] = None
+        try:
+            yield from self._settle(key, list(msgs.read()), value, msgs, meta, decide_timer,
+                                    expire_timer)
+        except _JoinFailed as failed:
+            yield from self._poisoned(key, [], failed, msgs, meta, decide_timer, expire_timer)
+
+    @userstate.on_timer(EXPIRE)
+    def on_expire(self, key: Any = beam.DoFn.KeyParam,
+                  msgs: Any = beam.DoFn.StateParam(MSGS),
+                  meta: Any = beam.DoFn.StateParam(META),
+                  decide_timer: Any = beam.DoFn.TimerParam(DECIDE),
+                  expire_timer: Any = beam.DoFn.TimerParam(EXPIRE)) -> Iterator[Any]:
+        """The tombstone's retention ended: drop it. Records after its end that arrived
+        meanwhile start the next join (decided as any join, ``_settle``); with none, all of
+        the join's state and timers are dropped."""
+        self._cache.pop(key, None)
+        value = _read_meta(meta)
+        records = list(msgs.read())
+        if value is None or not records:
+            self._clear(msgs, meta, decide_timer, expire_timer)
+            return
+        expiry = value[TOMB][3] if value[TOMB] is not None else value[HORIZON]
+        fresh = [random.getrandbits(62), len(records), max(value[HORIZON], expiry), None, None,
+                 None, value[BYTES]]
+        try:
+            yield from self._settle(key, records, fresh, msgs, meta, decide_timer, expire_timer)
+        except _JoinFailed as failed:
+            yield from self._poisoned(key, [], failed, msgs, meta, decide_timer, expire_timer)
