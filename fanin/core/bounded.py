@@ -154,7 +154,7 @@ def _boundary(outcome: Closed | Undefined) -> int:
     """Records after it start the next join: the tombstone's end, or an undefined join's
     decision time."""
     if isinstance(outcome, Closed):
-        return max(outcome.deadline + outcome.retention_ms, outcome.decided_at)
+        return outcome.tombstone_end
     return outcome.decided_at
 
 

@@ -56,6 +56,11 @@ class Closed:
     reopened: list[R.Record]
     decided_at: int
 
+    @property
+    def tombstone_end(self) -> int:
+        """The end of the tombstone: records after it start the next join."""
+        return _tombstone_end(self.deadline, self.retention_ms, self.decided_at)
+
 
 @dataclass(frozen=True)
 class Undefined:
@@ -87,12 +92,17 @@ def _closed(reducer: JoinReducer, closed_at: int, ordered: list[R.Record], start
             deadline: int, decided_at: int) -> Closed:
     defn = reducer.definition
     reason = reducer.reason()
-    expiry = max(deadline + defn.retention_ms, decided_at)
+    expiry = _tombstone_end(deadline, defn.retention_ms, decided_at)
     late = [(rec, late_reason(rec[_TIME], deadline)) for rec in ordered[start:]
             if rec[_TIME] <= expiry]
     reopened = [rec for rec in ordered[start:] if rec[_TIME] > expiry]
     return Closed(close_object(reducer, closed_at, reason), closed_at, deadline, reason,
                   defn.retention_ms, late, reopened, decided_at)
+
+
+def _tombstone_end(deadline: int, retention_ms: int, decided_at: int) -> int:
+    """``D + retention_s``, and never before the time the join was decided at."""
+    return max(deadline + retention_ms, decided_at)
 
 
 def _candidate_times(ordered: list[R.Record]) -> list[int]:

@@ -18,7 +18,6 @@ from fanin.transforms.join_outputs import (
     DEFAULT_MAX_BYTES_PER_JOIN,
     _Counting,
     _internal_errors,
-    _JoinFailed,
 )
 
 __all__ = ["CloseGroups"]
@@ -97,14 +96,6 @@ class CloseGroups(_Counting):
             elif letter is not None:
                 yield None, (DEAD_LETTER, letter)
 
-    @staticmethod
-    def _poisoned(exc: Exception, records: Iterable[R.Record]
-                  ) -> list[tuple[str, dict[str, Any]]]:
-        """``on_error`` of ``bounded_outputs``: the records' ``internal_error`` dead letters."""
-        failed = _JoinFailed(exc)
-        failed.__cause__ = exc
-        return _internal_errors(records, failed)
-
     def process(self, element: tuple[str, Iterable[tuple[bytes | str, Any]]]) -> Iterator[Any]:
         """The per-join limit (docs/spec.md §4): a join holds its first ``max_messages``
         records in arrival order (bounded input: event time, opens first, then the text), and
@@ -128,4 +119,4 @@ class CloseGroups(_Counting):
         self._parsed.inc(parsed)
         group = self._Reparsed(self, join_id, grouped) if records is None else records
         yield from self._emit(bounded_outputs(group, self._catalog, self._max_messages,
-                                              self._max_bytes, on_error=self._poisoned))
+                                              self._max_bytes, on_error=_internal_errors))

@@ -59,10 +59,10 @@ def _all(produce: Callable[..., Iterable[_T]], *args: Any) -> list[_T]:
     return list(produce(*args))
 
 
-def _internal_errors(records: Iterable[R.Record], failed: _JoinFailed
+def _internal_errors(cause: BaseException | None, records: Iterable[R.Record]
                      ) -> list[tuple[str, dict[str, Any]]]:
-    """The ``internal_error`` dead letters of a poisoned join's records."""
-    cause = failed.__cause__
+    """The ``internal_error`` dead letters of a poisoned join's records; ``cause``: what the
+    core raised (the ``on_error`` of ``fanin.core.bounded.bounded_outputs``)."""
     first = (str(cause).splitlines() or [""])[0][:200]
     detail = f"{type(cause).__name__}: {first}" if first else type(cause).__name__
     _LOG.warning("fanin: a join failed in the core (%s); its records go to dead_letter",

@@ -164,7 +164,7 @@ class JoinDoFn(_Counting):
                 # that delivers them after the tombstone expired starts the next join)
                 outputs += [(LATE, late_object(r, late_reason(r[R.TIME], outcome.deadline),
                                                outcome.reason)) for r in outcome.reopened]
-                expiry = max(outcome.deadline + outcome.retention_ms, outcome.decided_at)
+                expiry = outcome.tombstone_end
                 meta.write([epoch, 0, horizon, None,
                             [outcome.reason, outcome.closed_at, outcome.deadline, expiry], None,
                             0])
@@ -234,7 +234,7 @@ class JoinDoFn(_Counting):
         records = [*msgs.read(), *extra]
         self._cache.pop(join_id, None)
         self._clear(msgs, meta, decide_timer, expire_timer)
-        yield from self._emit(_internal_errors(records, failed))
+        yield from self._emit(_internal_errors(failed.__cause__, records))
 
     # --------------------------------------------------------------------- callbacks
     def process(self, element: tuple[str, R.Record],
