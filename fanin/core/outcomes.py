@@ -23,8 +23,7 @@ from fanin.contracts.parsing import dead_letter
 from fanin.core.closing import Closed
 
 __all__ = ["CLOSES", "DEAD_LETTER", "LATE", "closed_outputs", "encode_line", "late_object",
-           "log_close",
-           "rejected_outputs"]
+           "log_close", "rejected_outputs"]
 
 CLOSES, LATE, DEAD_LETTER = "closes", "late", "dead_letter"
 _CLOSE_LOG = logging.getLogger("fanin.close")

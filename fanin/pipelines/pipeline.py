@@ -167,22 +167,24 @@ def catalog_for(config: RunConfig) -> Catalog:
     return Catalog(contracts, config.defaults)
 
 
+def _retentions_s(catalog: Catalog) -> list[float]:
+    """Every ``retention_s`` a join can have: the default's and each contract's own."""
+    return [catalog.defaults.retention_s] + [
+        c.retention_s for c in catalog.contracts.values() if c.retention_s is not None]
+
+
 def replay_horizon_ms(catalog: Catalog) -> int:
     """Room after the last event for every deadline and tombstone (the replay's last advance)."""
     deadlines = [catalog.defaults.deadline_s] + [
         c.deadline_s for c in catalog.contracts.values() if c.deadline_s]
-    retentions = [catalog.defaults.retention_s] + [
-        c.retention_s for c in catalog.contracts.values() if c.retention_s is not None]
-    return int((max(deadlines) + max(retentions)) * 1000) + 1
+    return int((max(deadlines) + max(_retentions_s(catalog))) * 1000) + 1
 
 
 def replay_retention_floor_ms(catalog: Catalog) -> int:
     """The least ``retention_s`` any join can have, in ms: no tombstone expires sooner after
     its join's earliest time (the replay moves the watermark for a join's line only when a
     timer of that join may be due, ``fanin.transforms.replay``)."""
-    retentions = [catalog.defaults.retention_s] + [
-        c.retention_s for c in catalog.contracts.values() if c.retention_s is not None]
-    return int(min(retentions) * 1000)
+    return int(min(_retentions_s(catalog)) * 1000)
 
 
 def build(p: beam.Pipeline, config: RunConfig, catalog: Catalog,

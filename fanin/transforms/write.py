@@ -20,8 +20,8 @@ Guarantees:
   windowed by event time: they stay in the global window (whose end is the end of time, so no
   output is ever behind it) and a shard's pending lines are written as one file when the
   early firing (``early``, below) says so, and the rest when the input ends (end of a replay,
-  drain). Each firing
-  is a pane of the global window: the file is ``<kind>-<job token>-p<pane index>-s<shard>``.
+  drain). Each firing is a pane of the global window: the file is
+  ``<kind>-<job token>-p<pane index>-s<shard>``.
   The pane index is assigned by the runner's GroupByKey and is part of its committed output,
   and the job token is fixed when the job is built (it travels in the pickled DoFn), so a
   retried write bundle rewrites the same name with the same lines (idempotent within a job).
@@ -266,7 +266,7 @@ class WriteOutput(beam.PTransform):
     Python trigger code, which the local Python runners execute, fires a processing-time
     branch of ``AfterAny`` only once per window (apache/beam#21262), so there ``BY_TIME`` is
     the one that fires every ``window_s``; Prism 2.77 panics on a processing-time trigger of
-    a finite stream, so replays ask for ``BY_COUNT`` (docs/beam-notes.md). ``token`` (letters
+    a finite stream, so replays ask for ``BY_COUNT`` (docs/runners.md). ``token`` (letters
     and digits; default: random per instance) names this job's files (streaming) and temporary
     files (bounded); give the job's outputs one token.
     """
