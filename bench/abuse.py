@@ -3,6 +3,7 @@
 Usage::
 
     .venv/bin/python bench/abuse.py [--hot 1000000] [--joins 1000000] [--limit 100000]
+                                    [--keep DIR]
 
 Two measurements, each in a fresh child process so that its peak RSS
 (``resource.getrusage(RUSAGE_CHILDREN).ru_maxrss`` after it exits) is its own:
@@ -11,7 +12,9 @@ Two measurements, each in a fresh child process so that its peak RSS
   the second required branch never reports) through the whole bounded pipeline
   (``run_pipeline``, FnApiRunner, default ``max_messages_per_join`` unless ``--limit``).
   Reports wall time (including the file read, excluding writing the input), peak RSS and
-  what came out (1 close holding ``limit`` messages, the rest ``join_too_large``).
+  what came out (1 close holding ``limit`` messages, the rest ``join_too_large``). With
+  ``--keep DIR`` its input and output files stay in ``DIR`` (emptied first), to compare the
+  outputs of two versions (e.g. ``md5sum DIR/out/*/*.jsonl``).
 - ``wide``: ``--joins`` distinct joins of open + 1 receipt through the reducer core alone
   (``parse_message`` + ``JoinReducer.add``), all kept alive at once as a stateful runner would
   hold open joins. Reports peak RSS, RSS per open join, and per open join the bytes of its two
@@ -29,6 +32,7 @@ import json
 import os
 import pickle
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -51,7 +55,11 @@ def _child_baseline(what: str) -> dict[str, Any]:
     return {}
 
 
-def _child_hot(receipts: int, limit: int) -> dict[str, Any]:
+def _child_hot(receipts: int, limit: int, keep: str = "") -> dict[str, Any]:
+    if keep:
+        shutil.rmtree(keep, ignore_errors=True)
+        os.makedirs(keep)
+        return _hot_run(Path(keep), receipts, limit)
     with tempfile.TemporaryDirectory(prefix="fanin-abuse-") as tmp:  # ~430 MB at 1M messages
         return _hot_run(Path(tmp), receipts, limit)
 
@@ -123,7 +131,7 @@ def _child_wide(joins: int) -> dict[str, Any]:
 
 def _child(kind: str, args: list[str]) -> None:
     result = {"baseline": lambda: _child_baseline(args[0]),
-              "hot": lambda: _child_hot(int(args[0]), int(args[1])),
+              "hot": lambda: _child_hot(int(args[0]), int(args[1]), *args[2:]),
               "wide": lambda: _child_wide(int(args[0]))}[kind]()
     result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps(result))
@@ -143,6 +151,8 @@ def main() -> None:
     parser.add_argument("--hot", type=int, default=1_000_000, help="receipts to one join")
     parser.add_argument("--limit", type=int, default=100_000, help="max_messages_per_join")
     parser.add_argument("--joins", type=int, default=1_000_000, help="distinct open joins")
+    parser.add_argument("--keep", default="", metavar="DIR",
+                        help="keep the hot run's input and outputs in DIR (emptied first)")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -150,7 +160,8 @@ def main() -> None:
         return
     beam_base = _measure("baseline", "beam")["peak_rss_mb"]
     b = _measure("baseline", "core")["peak_rss_mb"]
-    hot = _measure("hot", args.hot, args.limit)
+    hot = _measure("hot", args.hot, args.limit, *([os.path.abspath(args.keep)] if args.keep
+                                                   else []))
     wide = _measure("wide", args.joins)
     rows = [
         ("baseline: imports of the pipeline (Beam)", "", f"{beam_base:.0f}", ""),
