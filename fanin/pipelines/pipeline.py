@@ -3,9 +3,9 @@
 Guarantees:
 - ``RunConfig.validate`` refuses bad settings with one clear ``ConfigError`` line.
 - ``build`` wires stable, documented transform labels (``Read``, ``Parse``, ``Join``,
-  ``MergeDeadLetters``, ``Write/closes``, ``Write/late``, ``Write/dead_letter``, and
-  ``Publish/<kind>`` when asked) so a Dataflow update keeps matching them
-  (``tests/test_transform_names.py``).
+  ``MergeDeadLetters`` (streaming, or with BigQuery), ``Write/closes``, ``Write/late``,
+  ``Write/dead_letter``, and ``Publish/<kind>`` when asked) so a Dataflow update keeps
+  matching them (``tests/runners/test_transform_names.py``).
 - ``choose_runner`` always names a runner explicitly, so no run tries to download Prism:
   bounded file input -> ``FnApiRunner``; ``--replay`` and Pub/Sub -> ``BundleBasedDirectRunner``
   (for replays measured against Prism: faster, and Prism 2.77 can emit a timer's output twice
@@ -188,9 +188,11 @@ def replay_retention_floor_ms(catalog: Catalog) -> int:
 
 
 def build(p: beam.Pipeline, config: RunConfig, catalog: Catalog,
-          drain: Drain | None = None) -> dict[str, beam.PCollection]:
-    """Add the whole job to ``p``; returns the joined outputs by name (for tests). ``drain``
-    stops a Pub/Sub read on the local runner (``fanin.io.pubsub_drain``)."""
+          drain: Drain | None = None
+          ) -> dict[str, beam.PCollection | tuple[beam.PCollection, ...]]:
+    """Add the whole job to ``p``; returns the joined outputs by name (for tests): the dead
+    letters of a bounded run without BigQuery are a tuple, those of the join and of the
+    parse. ``drain`` stops a Pub/Sub read on the local runner (``fanin.io.pubsub_drain``)."""
     if config.replay:
         paths = expand_inputs(config.inputs)
         lines = (item for path in paths for item in numbered_lines(path))
@@ -212,9 +214,12 @@ def build(p: beam.Pipeline, config: RunConfig, catalog: Catalog,
                                                     config.max_bytes_per_join,
                                                     log_closes=config.log_closes,
                                                     max_message_bytes=config.max_bytes)
-    outputs = {CLOSES: joined[CLOSES], LATE: joined[LATE],
-               DEAD_LETTER: (joined[DEAD_LETTER], parsed[DEAD_LETTER])
-               | "MergeDeadLetters" >> beam.Flatten()}
+    dead_letters = (joined[DEAD_LETTER], parsed[DEAD_LETTER])
+    if config.streaming or config.bigquery_dataset:  # sinks that take one PCollection
+        dead_letters = dead_letters | "MergeDeadLetters" >> beam.Flatten()
+    # else the file write spills each step's dead letters where they are made (WriteOutput):
+    # FnApiRunner would hold a Flatten of the two stages' outputs whole between them
+    outputs = {CLOSES: joined[CLOSES], LATE: joined[LATE], DEAD_LETTER: dead_letters}
     early = early_firing(config, type(p.runner).__name__)
     token = new_token()  # in this job's file names: a later job never overwrites them
     if config.streaming:

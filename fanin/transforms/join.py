@@ -3,7 +3,8 @@
 ``JoinRecords(catalog, streaming=...)`` takes keyed input and returns a ``DoOutputsTuple``
 with ``closes``, ``late`` and ``dead_letter`` outputs.
 
-- Bounded (``streaming=False``): raw messages keyed by join_id (``KeyMessages``), a
+- Bounded (``streaming=False``): raw messages packed with their sources and keyed by
+  join_id (``KeyMessages``), a
   ``GroupByKey``, then each join's messages are parsed and the closing decision is taken over
   all of its records at once. This is the exact event-time result of docs/spec.md §4 and the
   fastest plan on the local runner (docs/beam-notes.md); the parity test in
@@ -39,8 +40,8 @@ __all__ = ["DEFAULT_MAX_BYTES_PER_JOIN", "JoinDoFn", "JoinRecords"]
 class JoinRecords(beam.PTransform):
     """Keyed input -> ``closes`` (main), ``late``, ``dead_letter`` outputs.
 
-    Streaming: ``(join_id, record)`` (``ParseMessages``). Bounded: ``(join_id, (data,
-    source))`` (``KeyMessages``), parsed after the shuffle with ``max_message_bytes``.
+    Streaming: ``(join_id, record)`` (``ParseMessages``). Bounded: ``(join_id, packed
+    message)`` (``KeyMessages``), parsed after the shuffle with ``max_message_bytes``.
     """
 
     def __init__(self, catalog: Catalog, streaming: bool, max_messages_per_join: int = 100_000,

@@ -19,6 +19,7 @@ from fanin.transforms.join_outputs import (
     _Counting,
     _internal_errors,
 )
+from fanin.transforms.parse import PackedMessages
 
 __all__ = ["CloseGroups"]
 
@@ -26,8 +27,9 @@ __all__ = ["CloseGroups"]
 class CloseGroups(_Counting):
     """The bounded plan's close step: one join's grouped messages -> its outputs.
 
-    The messages arrive raw, keyed by ``KeyMessages`` (``fanin.transforms.parse``); each is
-    parsed here (``parse_message``): its record joins, or its dead letter is emitted. A record
+    The messages arrive raw, packed with their sources and keyed by ``KeyMessages``
+    (``fanin.transforms.parse``); each is unpacked and parsed here (``parse_message``): its
+    record joins, or its dead letter is emitted. A record
     whose join_id is not the group's key (which ``read_join_id`` rules out) is an
     ``internal_error`` dead letter, never folded into another join.
 
@@ -46,8 +48,7 @@ class CloseGroups(_Counting):
         """A hot join's records, parsed again from the grouped messages on each iteration
         (the records only: their dead letters were emitted by the first reading)."""
 
-        def __init__(self, close: CloseGroups, join_id: str,
-                     grouped: Iterable[tuple[bytes | str, Any]]) -> None:
+        def __init__(self, close: CloseGroups, join_id: str, grouped: Iterable[bytes]) -> None:
             self._close, self._join_id, self._grouped = close, join_id, grouped
 
         def __iter__(self) -> Iterator[R.Record]:
@@ -65,18 +66,21 @@ class CloseGroups(_Counting):
         self._max_message_bytes = max_message_bytes
         self._log_closes = log_closes
         self._parsed = Metrics.counter("fanin", "messages.parsed")
+        self._packing = PackedMessages()
 
     # A join's messages after its first _MEMO_AFTER are parsed through a memo of up to
     # _MEMO_SIZE texts: a hot join is mostly an agent repeating itself, and parse_message
     # depends on the source only in the record's SOURCE field
     _MEMO_AFTER, _MEMO_SIZE = 1_000, 4_096
 
-    def _parse(self, join_id: str, grouped: Iterable[tuple[bytes | str, Any]]
+    def _parse(self, join_id: str, grouped: Iterable[bytes]
                ) -> Iterator[tuple[R.Record | None, tuple[str, dict[str, Any]] | None]]:
-        """Per grouped message: ``(its record, None)`` or ``(None, its dead letter)``."""
-        contracts, limit = self._contracts, self._max_message_bytes
-        memo: dict[bytes | str, R.Record] = {}
-        for n, (data, source) in enumerate(grouped):
+        """Per grouped (packed) message: ``(its record, None)`` or ``(None, its dead
+        letter)``."""
+        contracts, limit, unpack = self._contracts, self._max_message_bytes, self._packing.unpack
+        memo: dict[bytes, R.Record] = {}
+        for n, packed in enumerate(grouped):
+            data, source = unpack(packed)
             if n >= self._MEMO_AFTER:
                 known = memo.get(data)
                 if known is not None:
@@ -96,7 +100,7 @@ class CloseGroups(_Counting):
             elif letter is not None:
                 yield None, (DEAD_LETTER, letter)
 
-    def process(self, element: tuple[str, Iterable[tuple[bytes | str, Any]]]) -> Iterator[Any]:
+    def process(self, element: tuple[str, Iterable[bytes]]) -> Iterator[Any]:
         """The per-join limit (docs/spec.md §4): a join holds its first ``max_messages``
         records in arrival order (bounded input: event time, opens first, then the text), and
         no more than ``max_bytes`` of messages (the first record that does not fit ends it).

@@ -1,11 +1,12 @@
 """The bounded close step on one hot join (fanin.transforms.join_bounded.CloseGroups): it reads the
 grouped messages again instead of holding them, parses repeated texts through a memo, and
-gives exactly the core's outputs for the join's records read once into a list."""
+gives exactly the core's outputs for the join's records read once into a list. The messages it
+groups are packed with their sources (fanin.transforms.parse.PackedMessages), which gives both
+back exactly."""
 
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from apache_beam import pvalue
 from support.builders import make_catalog, open_msg, receipt
@@ -13,9 +14,10 @@ from support.builders import make_catalog, open_msg, receipt
 from fanin.contracts.parsing import parse_message
 from fanin.core.bounded import bounded_outputs
 from fanin.transforms.join_bounded import CloseGroups
+from fanin.transforms.parse import PackedMessages
 
 
-def _outputs(step: CloseGroups, join_id: str, grouped: list[tuple[str, Any]]) -> list[str]:
+def _outputs(step: CloseGroups, join_id: str, grouped: list[bytes]) -> list[str]:
     step.start_bundle()
     found = [(out.tag, out.value) if isinstance(out, pvalue.TaggedOutput) else ("closes", out)
              for out in step.process((join_id, grouped))]
@@ -31,13 +33,25 @@ def test_a_hot_join_gives_the_cores_outputs_for_its_records_read_once() -> None:
                                 receipt("a", 1 + i % 40, value=i)))
     texts.insert(1_500, '{"join_id": "j", "branch": "a"}')
     texts.append(json.dumps(receipt("b", 30, contract="short")))  # after the tombstone
-    grouped = [(text, ("f.jsonl", n)) for n, text in enumerate(texts)]
-    parsed = [parse_message(data, source, catalog.contracts) for data, source in grouped]
+    lines = [(text.encode(), ("f.jsonl", n)) for n, text in enumerate(texts)]
+    parsed = [parse_message(data, source, catalog.contracts) for data, source in lines]
     expected = [("dead_letter", dead) for record, dead in parsed if dead is not None]
     expected += bounded_outputs([r for r, _ in parsed if r is not None], catalog, 1_200, 2**30)
-    found = _outputs(CloseGroups(catalog, 1_200), "j", grouped)
+    packing = PackedMessages()
+    found = _outputs(CloseGroups(catalog, 1_200), "j", [packing.pack(*line) for line in lines])
     assert found == sorted(json.dumps(item, sort_keys=True) for item in expected)
     assert sum('"join_too_large"' in line for line in found) > 500
     assert sum(line.startswith('["late"') for line in found) > 50
     assert sum('"invalid_message"' in line for line in found) == 1
     assert sum(line.startswith('["closes"') for line in found) == 2
+
+
+def test_a_packed_message_gives_back_its_bytes_and_source_exactly() -> None:
+    lines = [(b"", ("", 0)), (b'{"join_id": "j"}', ("gs://b/in/x.jsonl", 2**64 - 1)),
+             (b"\xff\xfe not UTF-8 \n", ("/tmp/\u00e9t\u00e9/\udcff.jsonl", 7)),
+             (b"x" * 70_000, ("a" * 5_000, 3))]
+    packed = [PackedMessages().pack(*line) for line in lines]  # a fresh packer per message
+    unpacking = PackedMessages()
+    assert [unpacking.unpack(p) for p in packed] == lines
+    again = unpacking.unpack(PackedMessages().pack(b"{}", ("gs://b/in/x.jsonl", 1)))
+    assert again[1][0] is unpacking.unpack(packed[1])[1][0]  # one path string per path
