@@ -117,24 +117,30 @@ def _loads_plain(data: bytes) -> Any:
     """orjson's value of the UTF-8 ``data`` when it equals ``loads_strict``'s, else
     ``_NOT_PLAIN``.
 
-    Plain text: no backslash (so no escapes: no surrogate escapes, and every ``"`` opens or
-    closes a string), no whitespace before a ``:`` (so every field name ends in ``":``),
-    at most ``MAX_DEPTH`` brackets (no deep nesting), no run of 19 digits (orjson reads
-    integers beyond 64 bits as floats). orjson refuses what ``loads_strict`` refuses among the
-    rest (NaN, Infinity, numbers that overflow a double, invalid UTF-8, a byte order mark,
-    trailing content) and keeps the last of repeated field names; orjson's own compact
-    encoding of the value writes ``":`` once per field it kept (no string can hold a ``"``),
-    so a repeated name shows as fewer ``":`` written back than read.
+    orjson refuses what ``loads_strict`` refuses among what is left here (NaN, Infinity,
+    numbers that overflow a double, invalid UTF-8, lone surrogates, a byte order mark,
+    trailing content); what it reads differently is a repeated field name (it keeps the
+    last), an integer beyond 64 bits (a float), and nesting deeper than ``MAX_DEPTH``.
+
+    Plain text has at most ``MAX_DEPTH`` brackets (no deep nesting), and either is compact
+    (the common case): orjson's compact encoding of the value is ``data`` itself, so no field
+    was dropped and no number changed; or has no backslash (so every ``"`` opens or closes a
+    string), no whitespace before a ``:`` (so every field name ends in ``":``) and no run of
+    19 digits; orjson's compact encoding writes ``":`` once per field it kept, so a
+    repeated name shows as fewer ``":`` written back than read.
     """
-    classes = data.translate(_CLASSES)
-    if (b"\\" in classes or b" :" in classes or classes.count(b"{") > MAX_DEPTH
-            or _LONG_DIGITS in classes):
+    if data.count(b"{") + data.count(b"[") > MAX_DEPTH:
         return _NOT_PLAIN
     try:
         value = orjson.loads(data)
     except orjson.JSONDecodeError:
         return _NOT_PLAIN
-    if classes.count(b'":') != orjson.dumps(value).count(b'":'):
+    written = orjson.dumps(value)
+    if written == data:
+        return value
+    classes = data.translate(_CLASSES)
+    if (b"\\" in classes or b" :" in classes or _LONG_DIGITS in classes
+            or classes.count(b'":') != written.count(b'":')):
         return _NOT_PLAIN
     return value
 

@@ -16,6 +16,7 @@ Guarantees:
 from __future__ import annotations
 
 import base64
+import functools
 import math
 from collections.abc import Container
 from typing import Any
@@ -177,6 +178,11 @@ def _optional_str(value: Any) -> bool:
     return value is None or type(value) is str
 
 
+_STR_OR_NONE = frozenset((str, type(None)))
+# A join's receipts repeat its opened_at: their parse is remembered (parse_rfc3339 is pure)
+_opened_ms = functools.lru_cache(maxsize=1024)(parse_rfc3339)
+
+
 def _fast_receipt(obj: dict[str, Any], text: str, source: Source) -> R.Record | None:
     """The record of a receipt whose every field is plainly valid, else None.
 
@@ -187,22 +193,22 @@ def _fast_receipt(obj: dict[str, Any], text: str, source: Source) -> R.Record | 
     join_id, branch, status, stamp = (get("join_id"), get("branch"), get("status"),
                                       get("event_time"))
     attempt, opened, contract = get("attempt"), get("opened_at"), get("contract")
+    key, error, run_id, message_id = get("key"), get("error"), get("run_id"), get("message_id")
     if not (type(join_id) is str and 0 < len(join_id) <= 256 and type(branch) is str and branch
             and type(status) is str and status in _STATUSES and type(stamp) is str
-            and _optional_str(get("key")) and _optional_str(get("error"))
-            and _optional_str(get("run_id")) and _optional_str(get("message_id"))
+            and type(key) in _STR_OR_NONE and type(error) in _STR_OR_NONE
+            and type(run_id) in _STR_OR_NONE and type(message_id) in _STR_OR_NONE
             and (contract is None or (type(contract) is str and contract))
             and (attempt is None or (type(attempt) is int and 1 <= attempt <= MAX_ATTEMPT))
-            and _optional_str(opened)):
+            and type(opened) in _STR_OR_NONE):
         return None
     try:
         event_time = parse_rfc3339(stamp)
-        opened_at = None if opened is None else parse_rfc3339(opened)
+        opened_at = None if opened is None else _opened_ms(opened)
     except ValueError:
         return None
-    return _receipt_fields(join_id, event_time, text, source, contract, get("run_id"),
-                           get("message_id"), branch, status, get("key"), get("value"),
-                           get("error"), attempt or 1, opened_at)
+    return _receipt_fields(join_id, event_time, text, source, contract, run_id, message_id,
+                           branch, status, key, get("value"), error, attempt or 1, opened_at)
 
 
 # One flat check per failure kind, each a dead-letter code.
