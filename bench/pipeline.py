@@ -58,12 +58,10 @@ import apache_beam as beam
 from apache_beam import pvalue
 from apache_beam.coders import coders
 from apache_beam.options.pipeline_options import PipelineOptions
-from apache_beam.transforms import userstate
-from apache_beam.transforms.timeutil import TimeDomain
-from apache_beam.utils.timestamp import Duration
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from floor_join import floor_replay
 from naive import NaiveJoin
 
 from fanin.contracts import records as R
@@ -72,7 +70,14 @@ from fanin.contracts.parsing import parse_message
 from fanin.contracts.timefmt import format_ms, parse_rfc3339
 from fanin.core.outcomes import CLOSES, DEAD_LETTER, LATE
 from fanin.fleet.simulate import CONTRACTS_PATH, write_simulation
-from fanin.pipelines.pipeline import RunConfig, build, replay_horizon_ms, run_pipeline
+from fanin.pipelines.pipeline import (
+    RunConfig,
+    build,
+    replay_horizon_ms,
+    replay_retention_floor_ms,
+    run_pipeline,
+)
+from fanin.runners.toolchain import with_local_job_server
 from fanin.transforms.join import JoinDoFn, JoinRecords
 from fanin.transforms.parse import ParseMessages
 from fanin.transforms.read import numbered_lines
@@ -216,8 +221,45 @@ def _same_outputs(a: str, b: str) -> bool:
     return lines(a) == lines(b)
 
 
-def part_headline(tmp: str, joins: int, stream_joins: int, repeats: int) -> None:
-    """Whole processes, alternated; one table per input size, per runner available."""
+def _flink() -> bool:
+    """Whether ``fanin setup flink`` has built the job server and installed Flink."""
+    try:
+        from fanin.runners.toolchain import flink_home, flink_job_server_jar
+    except ImportError:
+        return False
+    return os.path.isfile(flink_job_server_jar()) and os.path.isdir(flink_home())
+
+
+_FLINK_ARGS = ["--runner=FlinkRunner", "--flink_master=[local]", "--environment_type=LOOPBACK"]
+
+
+def _floor_cmd(path: str, *extra: str) -> list[str]:
+    return [sys.executable, str(_ROOT / "bench" / "floor_join.py"), "--input", path,
+            "--contracts", CONTRACTS_PATH, *extra]
+
+
+def _runner_rows(tmp: str, label: str, args: list[str], path: str
+                 ) -> dict[str, tuple[list[str], str | None]]:
+    """The four whole processes of one runner's row: name -> (command, Fanin output folder)."""
+    stream_args = args or ["--runner=BundleBasedDirectRunner"]
+    naive_args = args or ["--runner=FnApiRunner"]
+    folder = os.path.join(tmp, f"r-{label.split()[0].lower()}")
+    return {
+        "naive": (_naive_cmd(path, folder + "-n", *with_local_job_server(naive_args)), None),
+        "bounded": (_fanin_cmd(path, folder + "-b", "--close-trigger", "watermark", *args),
+                    folder + "-b"),
+        "replay": (_fanin_cmd(path, folder + "-r", "--replay", "--close-trigger", "watermark",
+                              *args), folder + "-r"),
+        "floor": (_floor_cmd(path, *stream_args), None),
+    }
+
+
+def part_headline(tmp: str, joins: int, stream_joins: int, repeats: int,
+                  flink_joins: int) -> None:
+    """Whole processes, alternated. Table 1: bounded, Fanin vs the naive join, on the default
+    runner and Prism. Table 2, per runner available (its own input size: Flink is slow to
+    start): Fanin bounded vs the naive join, and the replay vs the bounded run (outputs
+    compared) and vs the streaming floor (``bench/floor_join.py``)."""
     runners = [("default", [], ["--runner=FnApiRunner"])]
     if _prism():
         runners.append(("Prism", ["--runner=PrismRunner"], ["--runner=PrismRunner"]))
@@ -229,15 +271,20 @@ def part_headline(tmp: str, joins: int, stream_joins: int, repeats: int) -> None
         variants[f"naive join, {label}"] = _naive_cmd(path, os.path.join(tmp, "hn"), *naive_args)
         variants[f"fanin bounded, {label}"] = _fanin_cmd(path, os.path.join(tmp, "hf"),
                                                          *fanin_args)
-    variants["fanin bounded, small input"] = _fanin_cmd(
-        spath, os.path.join(tmp, "hs-b"), "--close-trigger", "watermark")
-    variants["fanin --replay, small input"] = _fanin_cmd(
-        spath, os.path.join(tmp, "hs-r"), "--replay", "--close-trigger", "watermark")
-    prism_replay = "fanin --replay, small input, Prism"
-    if len(runners) > 1:
-        variants[prism_replay] = _fanin_cmd(spath, os.path.join(tmp, "hs-p"), "--replay",
-                                            "--close-trigger", "watermark",
-                                            "--runner=PrismRunner")
+    per_runner: list[tuple[str, int, dict[str, tuple[list[str], str | None]]]] = [
+        ("default (FnApiRunner / BundleBasedDirectRunner)", slines,
+         _runner_rows(tmp, "default", [], spath))]
+    if _prism():
+        per_runner.append(("PrismRunner", slines,
+                           _runner_rows(tmp, "prism", ["--runner=PrismRunner"], spath)))
+    if _flink() and flink_joins:
+        fpath, flines = _simulate(tmp, flink_joins)
+        per_runner.append(("FlinkRunner [local], LOOPBACK", flines,
+                           _runner_rows(tmp, "flink", _FLINK_ARGS,
+                                        _sorted_by_event_time(fpath))))
+    for label, _, rows_of in per_runner:
+        for kind, (cmd, _) in rows_of.items():
+            variants[f"{label}: {kind}"] = cmd
     runs: dict[str, list[tuple[float, float, float]]] = {name: [] for name in variants}
     _process([sys.executable, "-c", "import fanin.cli, fanin.pipelines.pipeline"])  # caches
     for _ in range(repeats):
@@ -256,23 +303,22 @@ def part_headline(tmp: str, joins: int, stream_joins: int, repeats: int) -> None
            f"of {repeats} alternated runs",
            ["program", "messages", "wall s", "CPU s", "messages/s (wall)", "peak RSS MiB",
             "speed vs naive join (wall / CPU)"], rows)
-    bounded = med["fanin bounded, small input"]
-    rows = [["fanin run (FnApiRunner)", slines, *bounded[:2], slines / bounded[0], bounded[2],
-             "1.00 / 1.00", "-"]]
-    for name, label, folder in (("fanin --replay, small input", "BundleBasedDirectRunner", "hs-r"),
-                                (prism_replay, "PrismRunner", "hs-p")):
-        if name in med:
-            replay = med[name]
-            same = _same_outputs(os.path.join(tmp, folder), os.path.join(tmp, "hs-b"))
-            rows.append([f"fanin run --replay ({label})", slines, *replay[:2],
-                         slines / replay[0], replay[2],
-                         f"**{replay[0] / bounded[0]:.2f}** / {replay[1] / bounded[1]:.2f}",
-                         "yes" if same else "NO"])
-    _table(f"Headline: streaming replay vs bounded, whole processes, {slines:,} messages "
-           f"({stream_joins:,} joins, sorted by event time, watermark trigger), median of "
-           f"{repeats}",
-           ["program", "messages", "wall s", "CPU s", "messages/s (wall)", "peak RSS MiB",
-            "time vs bounded (wall / CPU)", "outputs = bounded"], rows)
+    rows = []
+    for label, count, rows_of in per_runner:
+        naive, bounded, replay, floor = (med[f"{label}: {kind}"]
+                                         for kind in ("naive", "bounded", "replay", "floor"))
+        same = _same_outputs(str(rows_of["replay"][1]), str(rows_of["bounded"][1]))
+        rows.append([label, count, naive[0], bounded[0], replay[0], floor[0],
+                     f"**{naive[0] / bounded[0]:.2f}** / {naive[1] / bounded[1]:.2f}",
+                     f"**{replay[0] / bounded[0]:.2f}** / {replay[1] / bounded[1]:.2f}",
+                     f"{replay[0] / floor[0]:.2f} / {replay[1] / floor[1]:.2f}",
+                     "yes" if same else "NO"])
+    _table(f"Headline per runner: sorted input ({stream_joins:,} joins; Flink {flink_joins:,}), "
+           f"watermark trigger, whole processes (wall s), median of {repeats}",
+           ["runner", "messages", "naive join s", "fanin bounded s", "fanin --replay s",
+            "floor (replay + bag/timer) s", "bounded: speed vs naive (wall / CPU)",
+            "replay: time vs bounded (wall / CPU)", "replay: time vs floor (wall / CPU)",
+            "replay outputs = bounded"], rows)
 
 
 # ------------------------------------------------------------------------- bounded variants
@@ -362,30 +408,6 @@ def part_bounded(tmp: str, messages: int, repeats: int) -> None:
 
 
 # ------------------------------------------------------------------------- streaming
-_FLOOR_MSGS_PARAM = beam.DoFn.StateParam(
-    userstate.BagStateSpec("msgs", coders.FastPrimitivesCoder()))
-_FLOOR_WAKE = userstate.TimerSpec("wake", TimeDomain.WATERMARK)
-_FLOOR_WAKE_PARAM = beam.DoFn.TimerParam(_FLOOR_WAKE)
-
-
-class _FloorStateFn(beam.DoFn):
-    """Appends each record to the join's bag and (re)sets one event-time timer 30 s later."""
-
-    def process(self, element: tuple[str, R.Record],
-                stamp: Any = beam.DoFn.TimestampParam,
-                msgs: Any = _FLOOR_MSGS_PARAM,
-                wake: Any = _FLOOR_WAKE_PARAM) -> Iterator[int]:
-        msgs.add(element[1])
-        wake.set(stamp + Duration(seconds=30))
-        return iter(())
-
-    @userstate.on_timer(_FLOOR_WAKE)
-    def on_wake(self, msgs: Any = _FLOOR_MSGS_PARAM) -> Iterator[int]:
-        count = sum(1 for _ in msgs.read())
-        msgs.clear()
-        yield count
-
-
 def _fanin_replay(path: str, out: str, defaults: JoinDefaults | None = None) -> beam.Pipeline:
     config = _fanin_config(path, out, replay=True, defaults=defaults)
     p = beam.Pipeline(options=_options(True))
@@ -395,14 +417,14 @@ def _fanin_replay(path: str, out: str, defaults: JoinDefaults | None = None) -> 
 
 def _replayed(p: beam.Pipeline, path: str, catalog: Catalog) -> Any:
     """The replay read and parse every streaming variant shares (``ParseMessages`` outputs)."""
-    raw = p | "Read" >> build_replay(list(numbered_lines(path)), 0.0, replay_horizon_ms(catalog))
+    raw = p | "Read" >> build_replay(list(numbered_lines(path)), 0.0, replay_horizon_ms(catalog),
+                                     replay_retention_floor_ms(catalog))
     return raw | "Parse" >> ParseMessages(frozenset(catalog.contracts))
 
 
 def _floor_replay(path: str) -> beam.Pipeline:
     p = beam.Pipeline(options=_options(True))
-    _replayed(p, path, _catalog()).records \
-        | "State" >> beam.ParDo(_FloorStateFn()).with_input_types(tuple[str, tuple])
+    floor_replay(p, path, _catalog())
     return p
 
 
@@ -643,6 +665,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="headline: joins of the bounded input (29,000: ~200,000 lines)")
     parser.add_argument("--stream-joins", type=int, default=3_000,
                         help="headline: joins of the replay input (3,000: ~20,800 lines)")
+    parser.add_argument("--flink-joins", type=int, default=300,
+                        help="headline: joins of Flink's input, when `fanin setup flink` ran "
+                             "(Flink takes ~30 s to start a job; 0: no Flink row)")
     parser.add_argument("--quick", action="store_true",
                         help="what `make bench` runs: the headline (replay of 1,000 joins), "
                              "then memory and bounded at half size")
@@ -657,7 +682,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="fanin-bench-") as tmp:
         if "headline" in parts:
-            part_headline(tmp, args.joins, args.stream_joins, args.repeats)
+            part_headline(tmp, args.joins, args.stream_joins, args.repeats, args.flink_joins)
         if "memory" in parts:  # first: the child's peak RSS starts at the parent's (fork+exec)
             part_memory(args.open_joins)
         if "bounded" in parts:
