@@ -173,11 +173,17 @@ def _retentions_s(catalog: Catalog) -> list[float]:
         c.retention_s for c in catalog.contracts.values() if c.retention_s is not None]
 
 
-def replay_horizon_ms(catalog: Catalog) -> int:
-    """Room after the last event for every deadline and tombstone (the replay's last advance)."""
+def _longest_deadline_ms(catalog: Catalog) -> int:
+    """The largest ``deadline_s`` a contract or the defaults give, in ms."""
     deadlines = [catalog.defaults.deadline_s] + [
         c.deadline_s for c in catalog.contracts.values() if c.deadline_s]
-    return int((max(deadlines) + max(_retentions_s(catalog))) * 1000) + 1
+    return int(max(deadlines) * 1000)
+
+
+def replay_horizon_ms(catalog: Catalog) -> int:
+    """Room after the last event for every deadline and tombstone (a Pub/Sub read's
+    ``stale_after_ms``; the replay's last advance past every tombstone as well)."""
+    return _longest_deadline_ms(catalog) + int(max(_retentions_s(catalog)) * 1000) + 1
 
 
 def replay_retention_floor_ms(catalog: Catalog) -> int:
@@ -196,16 +202,22 @@ def build(p: beam.Pipeline, config: RunConfig, catalog: Catalog,
     if config.replay:
         paths = expand_inputs(config.inputs)
         lines = (item for path in paths for item in numbered_lines(path))
-        raw = p | "Read" >> build_replay(lines, config.max_disorder_s, replay_horizon_ms(catalog),
-                                         replay_retention_floor_ms(catalog))
+        # the last advance passes every deadline, not every tombstone: the join sets no timer
+        # for a tombstone that outlives the input (JoinDoFn, input_end_ms)
+        replay = build_replay(lines, config.max_disorder_s, _longest_deadline_ms(catalog) + 1,
+                              replay_retention_floor_ms(catalog))
+        raw = p | "Read" >> replay
+        input_end_ms: int | None = replay.end_ms
     elif config.inputs:
         raw = p | "Read" >> ReadNumberedLines(expand_inputs(config.inputs))
+        input_end_ms = None
     else:
         from fanin.io.pubsub import ReadMessages
 
         raw = p | "Read" >> ReadMessages(subscription=config.subscription, topic=config.topic,
                                          id_label=config.id_label, drain=drain,
                                          stale_after_ms=replay_horizon_ms(catalog))
+        input_end_ms = None
     # the bounded plan shuffles raw messages and parses them after the shuffle (KeyMessages)
     parse = ParseMessages if config.streaming else KeyMessages
     parsed = raw | "Parse" >> parse(frozenset(catalog.contracts), config.max_bytes)
@@ -213,7 +225,8 @@ def build(p: beam.Pipeline, config: RunConfig, catalog: Catalog,
                                                     config.max_messages_per_join,
                                                     config.max_bytes_per_join,
                                                     log_closes=config.log_closes,
-                                                    max_message_bytes=config.max_bytes)
+                                                    max_message_bytes=config.max_bytes,
+                                                    input_end_ms=input_end_ms)
     dead_letters = (joined[DEAD_LETTER], parsed[DEAD_LETTER])
     if config.streaming or config.bigquery_dataset:  # sinks that take one PCollection
         dead_letters = dead_letters | "MergeDeadLetters" >> beam.Flatten()

@@ -42,11 +42,15 @@ class JoinRecords(beam.PTransform):
 
     Streaming: ``(join_id, record)`` (``ParseMessages``). Bounded: ``(join_id, packed
     message)`` (``KeyMessages``), parsed after the shuffle with ``max_message_bytes``.
+
+    ``input_end_ms`` (streaming): the last watermark of a finite stream (a replay) before
+    +infinity, None when unknown (``JoinDoFn``).
     """
 
     def __init__(self, catalog: Catalog, streaming: bool, max_messages_per_join: int = 100_000,
                  max_bytes_per_join: int = DEFAULT_MAX_BYTES_PER_JOIN, log_closes: bool = False,
-                 max_message_bytes: int = DEFAULT_MAX_BYTES) -> None:
+                 max_message_bytes: int = DEFAULT_MAX_BYTES, input_end_ms: int | None = None
+                 ) -> None:
         super().__init__()
         if max_messages_per_join < 1 or max_bytes_per_join < 1 or max_message_bytes < 1:
             raise ValueError("max_messages_per_join, max_bytes_per_join and max_message_bytes "
@@ -57,14 +61,14 @@ class JoinRecords(beam.PTransform):
         self._max_bytes = max_bytes_per_join
         self._max_message_bytes = max_message_bytes
         self._log_closes = log_closes
+        self._input_end_ms = input_end_ms
 
     def expand(self, keyed: beam.PCollection) -> pvalue.DoOutputsTuple:
         if self._streaming:
             return keyed | "StatefulJoin" >> beam.ParDo(
                 JoinDoFn(self._catalog, self._max_messages, max_bytes=self._max_bytes,
-                         log_closes=self._log_closes)).with_input_types(
-                    tuple[str, tuple]).with_outputs(
-                    LATE, DEAD_LETTER, main=CLOSES)
+                         log_closes=self._log_closes, input_end_ms=self._input_end_ms)
+            ).with_input_types(tuple[str, tuple]).with_outputs(LATE, DEAD_LETTER, main=CLOSES)
         return (
             keyed
             | "GroupByJoin" >> beam.GroupByKey()

@@ -65,6 +65,9 @@ class JoinDoFn(_Counting):
     next time the closing decision must be re-asked) and ``EXPIRE`` (event time: tombstone end
     ``D + retention``).
 
+    ``input_end_ms``: for a finite stream (a replay), the last watermark before the jump to
+    +infinity that ends it; None (Pub/Sub) when unknown.
+
     Guarantees:
     - ``eager`` joins close in ``process`` the moment the records received make them closable;
       ``watermark`` joins close when the watermark passes the close time. Deadline closes fire
@@ -72,6 +75,11 @@ class JoinDoFn(_Counting):
       record with event time exactly ``D`` is still included).
     - A join closes at most once while its tombstone lives (until the watermark passes
       ``D + retention_s``). Records for a tombstoned join go to ``late``.
+    - A tombstone is dropped by its ``EXPIRE`` timer, except one that ends at or after
+      ``input_end_ms``: no record can arrive after the watermark passed its end, so dropping
+      it cannot change any output, and it stays (without a timer) until the job ends. On a
+      replay that spares the runner a timer per closed join (the local runner copies and
+      scans every key's timers: docs/performance.md) and a firing per join at the end.
     - Every record received ends in exactly one output: in a close's ``counts.messages``, in
       ``late`` or in ``dead_letter`` (undefined joins, or beyond ``max_messages_per_join``
       or ``max_bytes_per_join``:
@@ -88,8 +96,10 @@ class JoinDoFn(_Counting):
     EXPIRE = userstate.TimerSpec("expire", TimeDomain.WATERMARK)
 
     def __init__(self, catalog: Catalog, max_messages: int, cache_size: int = 20_000,
-                 max_bytes: int = DEFAULT_MAX_BYTES_PER_JOIN, log_closes: bool = False) -> None:
+                 max_bytes: int = DEFAULT_MAX_BYTES_PER_JOIN, log_closes: bool = False,
+                 input_end_ms: int | None = None) -> None:
         self._catalog = catalog
+        self._input_end_ms = input_end_ms
         self._max_messages = max_messages
         self._max_bytes = max_bytes
         self._log_closes = log_closes
@@ -146,7 +156,8 @@ class JoinDoFn(_Counting):
                 msgs: Any, meta: Any, decide_timer: Any, expire_timer: Any) -> Iterator[Any]:
         """Ask the closing decision at the known horizon and apply what it says.
 
-        Exits: a close (bag cleared, tombstone written, EXPIRE set); an undefined join (its
+        Exits: a close (bag cleared, tombstone written, EXPIRE set if it can fire before the
+        input ends); an undefined join (its
         records rejected, the rest decided again as a fresh join); pending (DECIDE set to the
         time to ask again, META written); or nothing left (all state and timers cleared).
         """
@@ -168,7 +179,8 @@ class JoinDoFn(_Counting):
                 meta.write([epoch, 0, horizon, None,
                             [outcome.reason, outcome.closed_at, outcome.deadline, expiry], None,
                             0])
-                self._set(expire_timer, expiry + 1)
+                if self._input_end_ms is None or expiry + 1 <= self._input_end_ms:
+                    self._set(expire_timer, expiry + 1)
                 yield from self._emit(outputs)
                 return
             if isinstance(outcome, Undefined):

@@ -16,10 +16,13 @@ Guarantees:
   second of event time made the local runner run a round of bundles for every transform per
   step (docs/performance.md). The watermark also moves up to the bound at the latest every
   ``batch`` lines, which bounds the state of joins held open.
-- Before the stream ends the watermark is advanced past every timer the join can set (largest
-  event time or ``opened_at`` + the largest deadline and retention in play), so every close,
-  late line and tombstone expiry happens inside the stream (docs/beam-notes.md: output of
-  timers fired only by the final jump to +infinity is lost on the BundleBasedDirectRunner).
+- Before the stream ends the watermark is advanced to ``end_ms``, past every decision timer
+  the join can set (largest event time or ``opened_at`` + the largest deadline in play, and
+  ``horizon_ms``), so every close and late line happens inside the stream (docs/beam-notes.md:
+  output of timers fired only by the final jump to +infinity is lost on the
+  BundleBasedDirectRunner). A tombstone that ends at or after ``end_ms`` is not expired
+  inside the stream; no output depends on its expiry (no line comes after it), and the join
+  is told ``end_ms`` so that it sets no timer for it (``JoinDoFn``'s ``input_end_ms``).
 - The stream itself carries no line text: each of its elements is a run of consecutive lines
   of one file ``(path, (index of the first, event times))``, and the ``Lines`` step reads the
   lines from the file (as a bounded run's read does, in the worker) and emits each with its
@@ -122,8 +125,9 @@ class Replay(beam.PTransform):
     """Files replayed as a stream of ``(line, source)`` (see the module's guarantees).
 
     ``lines``: ``(line, (path, number))`` in arrival order, as ``numbered_lines`` yields them
-    (the lines are read again from ``path`` in the worker); ``horizon_ms``: deadline +
-    retention room for the final advance; ``retention_floor_ms``: the least ``retention_s``
+    (the lines are read again from ``path`` in the worker); ``horizon_ms``: deadline room for
+    the final advance (with retention as well, tombstones expire inside the stream);
+    ``retention_floor_ms``: the least ``retention_s``
     any join can have, in ms (0 is always safe: the watermark then moves before every line of
     a join that has earlier lines and whose tombstone may have expired by the bound).
     """
@@ -133,11 +137,12 @@ class Replay(beam.PTransform):
         super().__init__()
         self._counts: dict[str, int] = {}
         self._token = uuid.uuid4().hex
-        self._stream = self._plan(lines, int(max_disorder_s * 1000), horizon_ms,
-                                  retention_floor_ms, batch)
+        self._stream, self.end_ms = self._plan(lines, int(max_disorder_s * 1000), horizon_ms,
+                                               retention_floor_ms, batch)
+        """The last watermark before the jump to +infinity that ends the stream."""
 
     def _plan(self, lines: Iterable[tuple[bytes, Source]], lag: int, horizon_ms: int,
-              retention_floor_ms: int, batch: int) -> TestStream:
+              retention_floor_ms: int, batch: int) -> tuple[TestStream, int]:
         stream = TestStream(coder=RUN_CODER)
         counts = self._counts
         watermark: int | None = None
@@ -190,8 +195,9 @@ class Replay(beam.PTransform):
         # deadlines are capped at the end of year 9999, so no timer is later than that + horizon
         final = min(max(max_seen or 0, latest) + longest, MAX_MS) + horizon_ms + 1
         flush(None)
-        stream.advance_watermark_to(_stamp(max(final, watermark or final)))
-        return stream.advance_watermark_to_infinity().with_output_types(RUN_TYPE)
+        end = max(final, watermark or final)
+        stream.advance_watermark_to(_stamp(end))
+        return stream.advance_watermark_to_infinity().with_output_types(RUN_TYPE), end
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection:
         return (pbegin

@@ -11,11 +11,17 @@ from typing import Any
 import apache_beam as beam
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
-from apache_beam.testing.test_stream import ElementEvent, WatermarkEvent
+from apache_beam.testing.test_stream import ElementEvent, TestStream, WatermarkEvent
+from apache_beam.transforms.window import TimestampedValue
+from apache_beam.utils.timestamp import Timestamp
+from support.builders import make_catalog, open_msg, receipt
 
 from fanin.contracts.catalog import JoinDefaults
 from fanin.contracts.timefmt import parse_rfc3339
+from fanin.core.outcomes import CLOSES, DEAD_LETTER, LATE
 from fanin.pipelines.pipeline import RunConfig, run_pipeline
+from fanin.transforms.join_streaming import JoinDoFn
+from fanin.transforms.parse import ParseMessages
 from fanin.transforms.read import numbered_lines
 from fanin.transforms.replay import Replay
 from tests.reliability.runs import read_jsonl, write_lines
@@ -117,3 +123,65 @@ def test_a_file_changed_while_replayed_fails_the_run(tmp_path: Path) -> None:
     with pytest.raises(Exception, match="changed while it was replayed"), beam.Pipeline(
             options=PipelineOptions(["--runner=BundleBasedDirectRunner", "--streaming"])) as p:
         _ = p | replay
+
+
+def test_the_last_advance_passes_every_deadline_and_is_the_replays_end(tmp_path: Path) -> None:
+    path = write_lines(tmp_path / "in.jsonl", [_open("a", 0, deadline_s=90), _receipt("a", 5)])
+    replay = Replay(numbered_lines(str(path)), 0.0, 60_001)
+    last = [e for e in replay._stream._events if isinstance(e, WatermarkEvent)][-2]
+    assert last.new_watermark.micros // 1000 == replay.end_ms
+    assert replay.end_ms > T0 + 5_000 + 90_000 + 60_000  # the open's deadline and horizon_ms
+
+
+class _CountedExpiry(JoinDoFn):
+    """``JoinDoFn`` counting how often it drops all of a join's state (in ``_expiries`` only
+    the tombstone's expiry does; the direct runner runs a copy of it in this process, so the
+    count is the class's)."""
+
+    expiries = 0
+    outputs: list[tuple[str, str]] = []  # (kind, join id)
+
+    @staticmethod
+    def _clear(msgs: Any, meta: Any, decide_timer: Any, expire_timer: Any) -> None:
+        _CountedExpiry.expiries += 1
+        JoinDoFn._clear(msgs, meta, decide_timer, expire_timer)
+
+
+def _note(obj: dict[str, Any], kind: str) -> None:
+    _CountedExpiry.outputs.append((kind, obj["join_id"]))
+
+
+def _expiries(input_end_s: float | None) -> tuple[int, list[str], list[str]]:
+    """A join closing at 1 s (tombstone until 10 s + 1 h), a line at 50 s after its close; the
+    stream ends at ``input_end_s`` (the join told so) or, with None, after every tombstone.
+    Returns the tombstone expiries, the closes' and the late lines' join ids."""
+    catalog = make_catalog(retention_s=3600)
+    messages = [open_msg("j", 0, required=["a"], deadline_s=10), receipt("a", 1),
+                receipt("a", 50)]
+    stream = TestStream()
+    for message in messages:
+        at = parse_rfc3339(message.get("opened_at") or message["event_time"])
+        stream.add_elements([TimestampedValue((json.dumps(message).encode(), ("in", 0)),
+                                              Timestamp(micros=at * 1000))])
+    end_ms = T0 + int((input_end_s if input_end_s is not None else 10**7) * 1000)
+    stream.advance_watermark_to(Timestamp(micros=end_ms * 1000)).advance_watermark_to_infinity()
+    _CountedExpiry.expiries, _CountedExpiry.outputs = 0, []
+    options = PipelineOptions(["--runner=BundleBasedDirectRunner", "--streaming"])
+    with beam.Pipeline(options=options) as p:
+        parsed = p | stream | ParseMessages(frozenset(catalog.contracts))
+        joined = parsed.records | beam.ParDo(_CountedExpiry(
+            catalog, 100, input_end_ms=None if input_end_s is None else end_ms)
+        ).with_outputs(LATE, DEAD_LETTER, main=CLOSES)
+        for kind in (CLOSES, LATE):
+            _ = joined[kind] | f"Note {kind}" >> beam.Map(_note, kind)
+    found = _CountedExpiry.outputs
+    return (_CountedExpiry.expiries, [j for k, j in found if k == CLOSES],
+            [j for k, j in found if k == LATE])
+
+
+def test_a_tombstone_outliving_the_input_has_no_timer_and_still_makes_lines_late() -> None:
+    """``JoinDoFn(input_end_ms=...)``: a tombstone ending after the input's last watermark is
+    never expired (no timer), one ending before it is, and the outputs are the same."""
+    assert _expiries(100) == (0, ["j"], ["j"])  # tombstone ends at 3,610 s
+    assert _expiries(4000) == (1, ["j"], ["j"])
+    assert _expiries(None) == (1, ["j"], ["j"])  # no end known (Pub/Sub): always a timer
