@@ -675,10 +675,10 @@ class JoinReducer:
         """The join's id (every record of a join carries it)."""
         if self._pinned is not None:
             return self._pinned[1]
-        records = [self._first] if self._first is not None else []
-        records += [next(iter(top_receipts(entry).values())) for entry in self.branches.values()]
-        records += self.skips.values()
-        if not records:
-            raise ValueError("an empty join has no id")
-        join_id: str = records[0][JOIN_ID]
-        return join_id
+        if self._first is not None:
+            return str(self._first[JOIN_ID])
+        for entry in self.branches.values():
+            return str(next(iter(top_receipts(entry).values()))[JOIN_ID])
+        for record in self.skips.values():
+            return str(record[JOIN_ID])
+        raise ValueError("an empty join has no id")
