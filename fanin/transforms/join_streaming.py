@@ -4,6 +4,7 @@ event-time timers in the global window. See its docstring for what it guarantees
 from __future__ import annotations
 
 import random
+import uuid
 from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
@@ -49,6 +50,27 @@ EPOCH, COUNT, HORIZON, WAKE, TOMB, FULL, BYTES = range(7)
 _META_DEFAULTS = (None, 0)  # FULL, BYTES of a META written by an earlier Fanin (see _read_meta)
 
 
+# join id -> (epoch, count, reducer, the bag's records in bag order)
+_Cache = OrderedDict[str, tuple[int, int, JoinReducer, list[R.Record]]]
+# The reducer caches of this process, by JoinDoFn token (the last _MAX_CACHES used). The local
+# runner runs every bundle with a fresh unpickled copy of the DoFn; copies of one JoinDoFn share
+# its token, so its cache lives across bundles (and timers) there as well.
+_CACHES: OrderedDict[str, _Cache] = OrderedDict()
+_MAX_CACHES = 4
+
+
+def _shared_cache(token: str) -> _Cache:
+    """The reducer cache of the JoinDoFn (and its copies) of ``token`` in this process."""
+    cache = _CACHES.get(token)
+    if cache is None:
+        cache = _CACHES[token] = OrderedDict()
+        while len(_CACHES) > _MAX_CACHES:
+            _CACHES.popitem(last=False)
+    else:
+        _CACHES.move_to_end(token)
+    return cache
+
+
 def _read_meta(meta: Any) -> list[Any] | None:
     """META, with the slots an earlier Fanin did not write (after ``--update``) defaulted."""
     value = meta.read()
@@ -86,8 +108,10 @@ class JoinDoFn(_Counting):
       ``_overflow`` applies the same rule as the bounded plan, so a replay of input sorted by
       event time gives the bounded result).
     - The order-independent reducer over the received records is cached per worker (LRU,
-      validated against the state's epoch and count), so each arrival costs O(1) amortised;
+      validated against the state's epoch and count), with the records in bag order, so each
+      arrival costs O(1) amortised and a decision on a cached join does not decode its bag;
       the cache is only an accelerator: state is the truth, a miss rebuilds from the bag.
+      Copies of one JoinDoFn in a process share its cache (``_shared_cache``).
     """
 
     MSGS = userstate.BagStateSpec("msgs", coders.FastPrimitivesCoder())
@@ -104,11 +128,12 @@ class JoinDoFn(_Counting):
         self._max_bytes = max_bytes
         self._log_closes = log_closes
         self._cache_size = cache_size
-        self._cache: OrderedDict[str, tuple[int, int, JoinReducer]] = OrderedDict()
+        self._token = uuid.uuid4().hex  # names this DoFn's cache (kept by its copies)
+        self._cache: _Cache = OrderedDict()  # the shared one once set up
         self._holding = False  # whether the record process() is handling is in the bag yet
 
     def setup(self) -> None:
-        self._cache = OrderedDict()
+        self._cache = _shared_cache(self._token)
 
     # --------------------------------------------------------------------- helpers
     @staticmethod
@@ -125,14 +150,22 @@ class JoinDoFn(_Counting):
         reducer = _core(JoinReducer, self._catalog)
         for record in records:
             _core(reducer.add, record)
-        self._remember(join_id, epoch, count, reducer)
+        self._remember(join_id, epoch, count, reducer, records)
         return reducer
 
-    def _remember(self, join_id: str, epoch: int, count: int, reducer: JoinReducer) -> None:
-        self._cache[join_id] = (epoch, count, reducer)
+    def _remember(self, join_id: str, epoch: int, count: int, reducer: JoinReducer,
+                  records: list[R.Record]) -> None:
+        self._cache[join_id] = (epoch, count, reducer, records)
         self._cache.move_to_end(join_id)
         while len(self._cache) > self._cache_size:
             self._cache.popitem(last=False)
+
+    def _records(self, join_id: str, value: list[Any], msgs: Any) -> list[R.Record]:
+        """The bag's records: the cached list when the cache holds this epoch and count."""
+        cached = self._cache.get(join_id)
+        if cached is not None and cached[0] == value[EPOCH] and cached[1] == value[COUNT]:
+            return cached[3]
+        return list(msgs.read())
 
     @staticmethod
     def _decide_now(reducer: JoinReducer, record: R.Record, horizon: int, wake: int | None
@@ -290,17 +323,17 @@ class JoinDoFn(_Counting):
         msgs.add(record)
         self._holding = True
         if cached is not None and cached[0] == epoch and cached[1] == count:
-            reducer = cached[2]
+            reducer, records = cached[2], cached[3]
             _core(reducer.add, record)
-            self._remember(join_id, epoch, count + 1, reducer)
-            records: list[R.Record] | None = None
+            records.append(record)
+            self._remember(join_id, epoch, count + 1, reducer, records)
         else:
             records = list(msgs.read())
             reducer = self._rebuild(join_id, epoch, count + 1, records)
         if record[R.TIME] <= horizon or (_core(reducer.closable) and self._decide_now(
                 reducer, record, horizon, wake)):
             # _settle writes META (or clears the state) on every path
-            yield from self._settle(join_id, records or list(msgs.read()),
+            yield from self._settle(join_id, records,
                                     [epoch, count + 1, horizon, wake, None, None, size], msgs,
                                     meta, decide_timer, expire_timer)
             return
@@ -327,8 +360,8 @@ class JoinDoFn(_Counting):
         value[HORIZON] = max(value[HORIZON], fired.micros // 1000 - 1)
         value[WAKE] = None
         try:
-            yield from self._settle(key, list(msgs.read()), value, msgs, meta, decide_timer,
-                                    expire_timer)
+            yield from self._settle(key, self._records(key, value, msgs), value, msgs, meta,
+                                    decide_timer, expire_timer)
         except _JoinFailed as failed:
             yield from self._poisoned(key, [], failed, msgs, meta, decide_timer, expire_timer)
 
