@@ -142,11 +142,16 @@ class Replay(beam.PTransform):
     the final advance (with retention as well, tombstones expire inside the stream);
     ``retention_floor_ms``: the least ``retention_s``
     any join can have, in ms (0 is always safe: the watermark then moves before every line of
-    a join that has earlier lines and whose tombstone may have expired by the bound).
+    a join that has earlier lines and whose tombstone may have expired by the bound);
+    ``batch``: the most lines between two advances. Each advance costs the local runner a
+    round of bundles through every transform, and its monitor re-reads every key's timers
+    between bundles; fewer advances hold more joins open. On 206,728 sorted lines 50,000 was
+    the fastest measured: 61 s and 505 MB peak, against 74 s / 412 MB at 20,000 and 69 s /
+    646 MB at 100,000 (whole processes, one each, load ~3).
     """
 
     def __init__(self, lines: Iterable[tuple[bytes, Source]], max_disorder_s: float,
-                 horizon_ms: int, retention_floor_ms: int = 0, batch: int = 20_000) -> None:
+                 horizon_ms: int, retention_floor_ms: int = 0, batch: int = 50_000) -> None:
         super().__init__()
         self._counts: dict[str, int] = {}
         self._token = uuid.uuid4().hex
@@ -220,6 +225,6 @@ class Replay(beam.PTransform):
 
 
 def build_replay(lines: Iterable[tuple[bytes, Source]], max_disorder_s: float,
-                 horizon_ms: int, retention_floor_ms: int = 0, batch: int = 20_000) -> Replay:
+                 horizon_ms: int, retention_floor_ms: int = 0, batch: int = 50_000) -> Replay:
     """``Replay(...)``: the replay of ``lines`` (see ``Replay``)."""
     return Replay(lines, max_disorder_s, horizon_ms, retention_floor_ms, batch)
