@@ -70,18 +70,11 @@ from fanin.contracts.parsing import parse_message
 from fanin.contracts.timefmt import format_ms, parse_rfc3339
 from fanin.core.outcomes import CLOSES, DEAD_LETTER, LATE
 from fanin.fleet.simulate import CONTRACTS_PATH, write_simulation
-from fanin.pipelines.pipeline import (
-    RunConfig,
-    build,
-    replay_horizon_ms,
-    replay_retention_floor_ms,
-    run_pipeline,
-)
+from fanin.pipelines.pipeline import RunConfig, build, replay_of, run_pipeline
 from fanin.runners.toolchain import with_local_job_server
 from fanin.transforms.join import JoinDoFn, JoinRecords
 from fanin.transforms.parse import ParseMessages
 from fanin.transforms.read import numbered_lines
-from fanin.transforms.replay import build_replay
 from fanin.transforms.write import WriteOutput
 
 PARTS = ("headline", "memory", "bounded", "stream", "growth", "trigger")
@@ -415,11 +408,12 @@ def _fanin_replay(path: str, out: str, defaults: JoinDefaults | None = None) -> 
     return p
 
 
-def _replayed(p: beam.Pipeline, path: str, catalog: Catalog) -> Any:
-    """The replay read and parse every streaming variant shares (``ParseMessages`` outputs)."""
-    raw = p | "Read" >> build_replay(list(numbered_lines(path)), 0.0, replay_horizon_ms(catalog),
-                                     replay_retention_floor_ms(catalog))
-    return raw | "Parse" >> ParseMessages(frozenset(catalog.contracts))
+def _replayed(p: beam.Pipeline, path: str, catalog: Catalog) -> tuple[Any, int]:
+    """The replay read and parse every streaming variant shares (``ParseMessages`` outputs),
+    and the replay's ``end_ms`` (the join's ``input_end_ms``), as ``fanin run --replay``."""
+    replay = replay_of(numbered_lines(path), catalog, 0.0)
+    raw = p | "Read" >> replay
+    return raw | "Parse" >> ParseMessages(frozenset(catalog.contracts)), replay.end_ms
 
 
 def _floor_replay(path: str) -> beam.Pipeline:
@@ -433,7 +427,8 @@ def _fanin_join_replay(path: str) -> beam.Pipeline:
     (its closes, late and dead letters are computed and dropped, like the floor's output)."""
     catalog = _catalog()
     p = beam.Pipeline(options=_options(True))
-    _replayed(p, path, catalog).records | "Join" >> JoinRecords(catalog, streaming=True)
+    parsed, end_ms = _replayed(p, path, catalog)
+    parsed.records | "Join" >> JoinRecords(catalog, streaming=True, input_end_ms=end_ms)
     return p
 
 
@@ -603,9 +598,9 @@ def _trigger_replay(path: str, out: str, trigger: str) -> beam.Pipeline:
     """The replay pipeline of ``build`` (same composites), its join DoFn probed."""
     catalog = _catalog(JoinDefaults(close_trigger=trigger))  # type: ignore[arg-type]
     p = beam.Pipeline(options=_options(True))
-    parsed = _replayed(p, path, catalog)
+    parsed, end_ms = _replayed(p, path, catalog)
     joined = parsed.records | "Join" >> beam.ParDo(
-        _probes().ProbedJoinDoFn(catalog, 100_000)).with_input_types(
+        _probes().ProbedJoinDoFn(catalog, 100_000, input_end_ms=end_ms)).with_input_types(
         tuple[str, tuple]).with_outputs(LATE, DEAD_LETTER, main=CLOSES)
     outputs = {CLOSES: joined[CLOSES], LATE: joined[LATE],
                DEAD_LETTER: (joined[DEAD_LETTER], parsed[DEAD_LETTER])

@@ -18,7 +18,7 @@ import contextlib
 import logging
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import apache_beam as beam
@@ -36,8 +36,8 @@ from fanin.core.outcomes import CLOSES, DEAD_LETTER, LATE
 from fanin.io.pubsub_drain import Drain, drain_on_signals
 from fanin.transforms.join import DEFAULT_MAX_BYTES_PER_JOIN, JoinRecords
 from fanin.transforms.parse import KeyMessages, ParseMessages
-from fanin.transforms.read import ReadNumberedLines, expand_inputs, numbered_lines
-from fanin.transforms.replay import build_replay
+from fanin.transforms.read import ReadNumberedLines, Source, expand_inputs, numbered_lines
+from fanin.transforms.replay import Replay, build_replay
 from fanin.transforms.write import (
     BY_COUNT,
     BY_COUNT_OR_TIME,
@@ -49,7 +49,7 @@ from fanin.transforms.write import (
 
 __all__ = ["ConfigError", "RunConfig", "build", "catalog_for", "checkout_setup_file",
            "choose_runner", "configure_options", "early_firing", "replay_horizon_ms",
-           "replay_retention_floor_ms", "run_pipeline"]
+           "replay_of", "replay_retention_floor_ms", "run_pipeline"]
 
 _LOG = logging.getLogger("fanin")
 
@@ -182,7 +182,7 @@ def _longest_deadline_ms(catalog: Catalog) -> int:
 
 def replay_horizon_ms(catalog: Catalog) -> int:
     """Room after the last event for every deadline and tombstone (a Pub/Sub read's
-    ``stale_after_ms``; the replay's last advance past every tombstone as well)."""
+    ``stale_after_ms``)."""
     return _longest_deadline_ms(catalog) + int(max(_retentions_s(catalog)) * 1000) + 1
 
 
@@ -191,6 +191,17 @@ def replay_retention_floor_ms(catalog: Catalog) -> int:
     its join's earliest time (the replay moves the watermark for a join's line only when a
     timer of that join may be due, ``fanin.transforms.replay``)."""
     return int(min(_retentions_s(catalog)) * 1000)
+
+
+def replay_of(lines: Iterable[tuple[bytes, Source]], catalog: Catalog,
+              max_disorder_s: float) -> Replay:
+    """The replay a streaming run from files reads. Its watermark moves for a join's line
+    only when a timer of that join may be due (``replay_retention_floor_ms``), and its last
+    advance passes every deadline, not every tombstone: the join sets no timer for a
+    tombstone that outlives the input (``JoinRecords``' ``input_end_ms`` = ``Replay.end_ms``).
+    """
+    return build_replay(lines, max_disorder_s, _longest_deadline_ms(catalog) + 1,
+                        replay_retention_floor_ms(catalog))
 
 
 def build(p: beam.Pipeline, config: RunConfig, catalog: Catalog,
@@ -202,10 +213,7 @@ def build(p: beam.Pipeline, config: RunConfig, catalog: Catalog,
     if config.replay:
         paths = expand_inputs(config.inputs)
         lines = (item for path in paths for item in numbered_lines(path))
-        # the last advance passes every deadline, not every tombstone: the join sets no timer
-        # for a tombstone that outlives the input (JoinDoFn, input_end_ms)
-        replay = build_replay(lines, config.max_disorder_s, _longest_deadline_ms(catalog) + 1,
-                              replay_retention_floor_ms(catalog))
+        replay = replay_of(lines, catalog, config.max_disorder_s)
         raw = p | "Read" >> replay
         input_end_ms: int | None = replay.end_ms
     elif config.inputs:
