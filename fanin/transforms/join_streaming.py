@@ -160,12 +160,17 @@ class JoinDoFn(_Counting):
         while len(self._cache) > self._cache_size:
             self._cache.popitem(last=False)
 
+    def _cached(self, join_id: str, epoch: int, count: int
+                ) -> tuple[int, int, JoinReducer, list[R.Record]] | None:
+        """The cache's entry for ``join_id`` when it holds the state's epoch and count."""
+        cached = self._cache.get(join_id)
+        return cached if cached is not None and cached[0] == epoch and cached[1] == count \
+            else None
+
     def _records(self, join_id: str, value: list[Any], msgs: Any) -> list[R.Record]:
         """The bag's records: the cached list when the cache holds this epoch and count."""
-        cached = self._cache.get(join_id)
-        if cached is not None and cached[0] == value[EPOCH] and cached[1] == value[COUNT]:
-            return cached[3]
-        return list(msgs.read())
+        cached = self._cached(join_id, value[EPOCH], value[COUNT])
+        return cached[3] if cached is not None else list(msgs.read())
 
     @staticmethod
     def _decide_now(reducer: JoinReducer, record: R.Record, horizon: int, wake: int | None
@@ -319,10 +324,10 @@ class JoinDoFn(_Counting):
             yield from self._overflow(join_id, record, value, msgs, meta, decide_timer,
                                       expire_timer)
             return
-        cached = self._cache.get(join_id)
+        cached = self._cached(join_id, epoch, count)
         msgs.add(record)
         self._holding = True
-        if cached is not None and cached[0] == epoch and cached[1] == count:
+        if cached is not None:
             reducer, records = cached[2], cached[3]
             _core(reducer.add, record)
             records.append(record)
