@@ -109,7 +109,10 @@ def _open_fields(join_id: str, opened_at: int, text: str, source: Source, contra
     deadline_ms = None if deadline_s is None else duration_ms(deadline_s)
     # The open as canonical JSON, over the message table (docs/spec.md §1) only (not run_id /
     # message_id / unknown fields), opened_at normalised, branch lists as sorted sets, absent
-    # (or null) omitted.
+    # (or null) omitted; an integral deadline_s is written as the integer canonical JSON
+    # writes it, so that the text is orjson's (``canonical``'s fast path)
+    if deadline_s is not None and deadline_s.is_integer():
+        deadline_s = int(deadline_s)
     fields = {"kind": "open", "join_id": join_id, "opened_at": format_ms(opened_at),
               "contract": contract, "required": names, "optional": extra,
               "deadline_s": deadline_s, "allow_partial": allow_partial, "fail_fast": fail_fast}

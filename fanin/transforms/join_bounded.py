@@ -27,10 +27,10 @@ __all__ = ["CloseGroups"]
 class CloseGroups(_Counting):
     """The bounded plan's close step: one join's grouped messages -> its outputs.
 
-    The messages arrive raw, packed with their sources and keyed by ``KeyMessages``
-    (``fanin.transforms.parse``); each is unpacked and parsed here (``parse_message``): its
-    record joins, or its dead letter is emitted. A record
-    whose join_id is not the group's key (which ``read_join_id`` rules out) is an
+    The messages arrive raw, packed with their sources (one or more per grouped value) and
+    keyed by ``KeyMessages`` (``fanin.transforms.parse``); each is unpacked and parsed here
+    (``parse_message``): its record joins, or its dead letter is emitted. A record whose
+    join_id is not the group's key (which ``read_join_id`` rules out) is an
     ``internal_error`` dead letter, never folded into another join.
 
     Memory: a join within ``max_messages`` is parsed once and decided from a list of its
@@ -79,8 +79,8 @@ class CloseGroups(_Counting):
         letter)``."""
         contracts, limit, unpack = self._contracts, self._max_message_bytes, self._packing.unpack
         memo: dict[bytes, R.Record] = {}
-        for n, packed in enumerate(grouped):
-            data, source = unpack(packed)
+        messages = (message for packed in grouped for message in unpack(packed))
+        for n, (data, source) in enumerate(messages):
             if n >= self._MEMO_AFTER:
                 known = memo.get(data)
                 if known is not None:

@@ -52,6 +52,27 @@ def test_a_packed_message_gives_back_its_bytes_and_source_exactly() -> None:
              (b"x" * 70_000, ("a" * 5_000, 3))]
     packed = [PackedMessages().pack(*line) for line in lines]  # a fresh packer per message
     unpacking = PackedMessages()
-    assert [unpacking.unpack(p) for p in packed] == lines
-    again = unpacking.unpack(PackedMessages().pack(b"{}", ("gs://b/in/x.jsonl", 1)))
-    assert again[1][0] is unpacking.unpack(packed[1])[1][0]  # one path string per path
+    assert [message for p in packed for message in unpacking.unpack(p)] == lines
+    (_, (again, _)), = unpacking.unpack(PackedMessages().pack(b"{}", ("gs://b/in/x.jsonl", 1)))
+    (_, (first, _)), = unpacking.unpack(packed[1])
+    assert again is first  # one path string per path
+
+
+def test_packed_values_joined_back_to_back_are_one_value_of_all_their_messages() -> None:
+    lines = [(b'{"a": 1}', ("x.jsonl", 1)), (b"", ("y.jsonl", 2)), (b"\n" * 3, ("x.jsonl", 9))]
+    packing = PackedMessages()
+    joined = b"".join(packing.pack(*line) for line in lines)
+    assert list(PackedMessages().unpack(joined)) == lines
+    assert list(PackedMessages().unpack(b"")) == []
+
+
+def test_a_join_split_over_several_packed_values_gives_the_same_outputs() -> None:
+    catalog = make_catalog()
+    texts = [json.dumps(open_msg(contract="short"))] + [
+        json.dumps(receipt(b, 1 + n)) for n, b in enumerate(["a", "b", "a", "c"])]
+    packing = PackedMessages()
+    packs = [packing.pack(text.encode(), ("f.jsonl", n)) for n, text in enumerate(texts)]
+    one_each = _outputs(CloseGroups(catalog, 100), "j", packs)
+    together = _outputs(CloseGroups(catalog, 100), "j", [b"".join(packs[:3]), b"".join(packs[3:])])
+    assert together == one_each
+    assert sum(line.startswith('["closes"') for line in together) == 1
