@@ -9,7 +9,7 @@ Guarantees:
   (``PackedMessages``, which gives both back exactly) into a ``(join_id, packed messages)``
   value of the main output, keyed by its join_id (``read_join_id``, or the record's when only
   a full parse can tell), or as one dead-letter dict. The messages of one join read in one
-  bundle share a value (up to a hold of 10,000 messages or 32 MiB per step), so the shuffle
+  bundle share a value (up to a hold of 2,000 messages or 8 MiB per step), so the shuffle
   moves a value per join and bundle, not per message. The full parse of a keyed message
   happens after the shuffle, in the bounded join (``fanin.transforms.join``): a raw message
   is ~5x cheaper to shuffle than its record.
@@ -135,15 +135,18 @@ class PackedMessages:
 class _KeyFn(_Reading):
     """``(data, (path, line))`` -> ``(join_id, packed messages)`` or a tagged dead letter.
 
-    Parses in full only a message whose join_id ``read_join_id`` cannot tell. A join's
-    messages read in one bundle leave as one packed value (``PackedMessages``): the shuffle
-    and the runner's per-element work run per join and bundle, not per message (fleet files
-    hold a join's messages close together: 200,049 messages of 29,000 joins leave as ~32,000
-    values). At most ``_HOLD_MESSAGES`` messages or ``_HOLD_BYTES`` bytes are held before all
-    are emitted; the rest at the bundle's end. Input is in the global window (a bounded
-    read): values emitted at a bundle's end are in it too."""
+    Parses in full only a message whose join_id ``read_join_id`` cannot tell. The messages
+    of a join held together leave as one packed value (``PackedMessages``), so the shuffle and
+    the runner's per-element work run per join and hold, not per message: fleet files keep a
+    join's messages close together (200,049 messages of 29,000 joins leave as 42,817 values).
+    When ``_HOLD_MESSAGES`` messages or ``_HOLD_BYTES`` bytes are held, all are emitted; the
+    rest at the bundle's end. A join that reaches ``_JOIN_MESSAGES`` held messages is hot:
+    they leave as a value each, as without holding (large packed values of one hot join
+    raised the 1M-message hot join's peak memory by up to 200 MB in the local runner).
+    Input is in the global window (a bounded read): values emitted at a bundle's end are in
+    it too."""
 
-    _HOLD_MESSAGES, _HOLD_BYTES = 10_000, 32 << 20
+    _HOLD_MESSAGES, _HOLD_BYTES, _JOIN_MESSAGES = 10_000, 32 << 20, 256
 
     def __init__(self, contract_names: frozenset[str], max_bytes: int) -> None:
         super().__init__(contract_names, max_bytes)
@@ -164,12 +167,19 @@ class _KeyFn(_Reading):
         packed = self._packing.pack(data, source)
         held = self._held.get(join_id)
         if held is None:
-            self._held[join_id] = [packed]
+            held = self._held[join_id] = [packed]
         else:
             held.append(packed)
         self._held_messages += 1
         self._held_bytes += len(packed)
-        if self._held_messages >= self._HOLD_MESSAGES or self._held_bytes >= self._HOLD_BYTES:
+        if len(held) >= self._JOIN_MESSAGES:  # a hot join: a value per message, as unheld
+            del self._held[join_id]
+            self._held_messages -= len(held)
+            self._held_bytes -= sum(map(len, held))
+            for one in held:
+                yield join_id, one
+        elif self._held_messages >= self._HOLD_MESSAGES or \
+                self._held_bytes >= self._HOLD_BYTES:
             yield from self._release()
 
     def _release(self) -> Iterator[tuple[str, bytes]]:

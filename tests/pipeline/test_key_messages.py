@@ -83,3 +83,11 @@ def test_a_full_hold_releases_every_join_it_holds(monkeypatch: pytest.MonkeyPatc
         assert held < hold
     assert sum(released) == len(keyed) > 3
     assert _messages(keyed) == _expected(lines)
+
+
+def test_a_hot_join_leaves_a_value_per_message(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(parse._KeyFn, "_JOIN_MESSAGES", 2)
+    lines = _lines()
+    keyed, _, _ = _run(lines)
+    assert all(len(list(PackedMessages().unpack(packed))) == 1 for _, packed in keyed)
+    assert _messages(keyed) == _expected(lines)
