@@ -8,11 +8,11 @@ Guarantees:
   (path, line number))`` (``ReadNumberedLines``) leaves exactly once: packed with its source
   (``PackedMessages``, which gives both back exactly) into a ``(join_id, packed messages)``
   value of the main output, keyed by its join_id (``read_join_id``, or the record's when only
-  a full parse can tell), or as one dead-letter dict. The messages of one join read in one
-  bundle share a value (up to a hold of 2,000 messages or 8 MiB per step), so the shuffle
-  moves a value per join and bundle, not per message. The full parse of a keyed message
-  happens after the shuffle, in the bounded join (``fanin.transforms.join``): a raw message
-  is ~5x cheaper to shuffle than its record.
+  a full parse can tell), or as one dead-letter dict. The messages of one join held together
+  (up to 10,000 messages or 32 MiB per step, and to the end of a bundle) share a value, so
+  the shuffle moves a value per join and hold, not per message (a hot join's: per message).
+  The full parse of a keyed message happens after the shuffle, in the bounded join
+  (``fanin.transforms.join``): a raw message is ~5x cheaper to shuffle than its record.
 - Nothing is logged per element; dead letters are counted by error in Beam metrics
   (namespace ``fanin``, ``dead_letter.<error>``) and valid messages in ``messages.parsed``.
 """
@@ -89,7 +89,7 @@ class _ParseFn(_Reading):
 
 # A packed message: its line number, the sizes of the path's bytes and of the message, the
 # path, the message; a packed value is one or more packed messages back to back
-_HEAD = struct.Struct("<QII")
+_HEAD = struct.Struct("<QIQ")
 
 
 class PackedMessages:
@@ -101,9 +101,8 @@ class PackedMessages:
     take through the shuffle is ~6x cheaper than ``FastPrimitivesCoder`` on that tuple.
     ``pack`` makes one message's value; values joined back to back (``b"".join``) are one
     value of all their messages. ``list(unpack(b"".join(pack(*m) for m in messages))) ==
-    messages`` for any bytes ``data`` under 4 GiB, path (also with surrogate escapes) and line
-    number in 0..2**64-1; every message of one path unpacked by one instance shares one path
-    string.
+    messages`` for any bytes ``data``, path (also with surrogate escapes) and line number in
+    0..2**64-1; every message of one path unpacked by one instance shares one path string.
     """
 
     def __init__(self) -> None:
@@ -138,7 +137,7 @@ class _KeyFn(_Reading):
     Parses in full only a message whose join_id ``read_join_id`` cannot tell. The messages
     of a join held together leave as one packed value (``PackedMessages``), so the shuffle and
     the runner's per-element work run per join and hold, not per message: fleet files keep a
-    join's messages close together (200,049 messages of 29,000 joins leave as 42,817 values).
+    join's messages close together (200,049 messages of 29,000 joins leave as 32,238 values).
     When ``_HOLD_MESSAGES`` messages or ``_HOLD_BYTES`` bytes are held, all are emitted; the
     rest at the bundle's end. A join that reaches ``_JOIN_MESSAGES`` held messages is hot:
     they leave as a value each, as without holding (large packed values of one hot join
