@@ -91,3 +91,12 @@ def test_a_hot_join_leaves_a_value_per_message(monkeypatch: pytest.MonkeyPatch) 
     keyed, _, _ = _run(lines)
     assert all(len(list(PackedMessages().unpack(packed))) == 1 for _, packed in keyed)
     assert _messages(keyed) == _expected(lines)
+
+
+def test_a_hold_full_in_bytes_releases_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    lines = _lines()
+    first = len(PackedMessages().pack(*lines[0]))
+    monkeypatch.setattr(parse._KeyFn, "_HOLD_BYTES", first + 1)
+    keyed, _, released = _run(lines)
+    assert released[:2] == [0, 2]  # the second message (another join) fills it: both leave
+    assert _messages(keyed) == _expected(lines)
