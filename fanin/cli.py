@@ -4,7 +4,10 @@ Guarantees:
 - Bad use (unknown option, missing input, unreadable contracts file, invalid value) prints one
   line ``fanin: error: ...`` on stderr and exits with code 2; never a traceback.
 - ``fanin run`` passes every option it does not know to Beam (``--runner``,
-  ``--direct_num_workers``, ``--direct_running_mode``, Dataflow options, ...).
+  ``--direct_num_workers``, ``--direct_running_mode``, Dataflow options, ...), and for a
+  job-server runner (Flink, Spark, portable) the options its job server defines
+  (``--checkpointing_interval``, ...; ``fanin.runners.job_server_options``); any other
+  option, or one the job server does not define, is bad use.
 - The runner is always explicit (see ``pipelines.pipeline.choose_runner``) and is logged.
 - Each subcommand's module is imported only when that subcommand runs: ``fanin --help``,
   ``fanin query`` and ``fanin report`` never import Apache Beam.
@@ -128,7 +131,12 @@ def _run(args: argparse.Namespace, beam_args: Sequence[str]) -> int:
         code = maybe_dry_run(args, config, beam_args)
         if code is not None:
             return code
-        run_pipeline(config, beam_args)
+        runner = None
+        if args.job_server_options:
+            from fanin.runners.job_server_options import checked_runner
+
+            runner = checked_runner(beam_args, args.job_server_options)
+        run_pipeline(config, beam_args, runner)
     except (ConfigError, ContractsError, FileNotFoundError, ValueError,
             NotImplementedError) as exc:
         print(f"fanin: error: {str(exc).splitlines()[0]}", file=sys.stderr)
@@ -205,8 +213,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             unknown = _unknown_beam_args(rest)
         except ValueError as exc:
             parser.error(str(exc))
-        if unknown:
-            parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        args.job_server_options = []
+        if unknown:  # options of a job server (Flink, Spark, portable), or a mistake
+            from fanin.runners.job_server_options import job_server_option_names
+            try:
+                args.job_server_options = job_server_option_names(rest, unknown)
+            except ValueError as exc:
+                parser.error(str(exc))
         return args.func(args, rest)
     return args.func(args)
 

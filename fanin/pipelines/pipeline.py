@@ -343,9 +343,13 @@ def _check_pubsub_resources(config: RunConfig) -> None:
         raise ConfigError(str(error)) from None
 
 
-def run_pipeline(config: RunConfig, beam_args: Sequence[str]) -> beam.runners.runner.PipelineResult:
+def run_pipeline(config: RunConfig, beam_args: Sequence[str],
+                 runner_instance: beam.runners.runner.PipelineRunner | None = None
+                 ) -> beam.runners.runner.PipelineResult:
     """Validate, build and run the job; waits for it to finish, except a streaming job on
-    Dataflow, which is left running once submitted.
+    Dataflow, which is left running once submitted. ``runner_instance``, when given, runs the
+    job in place of a new instance of the ``--runner`` named in ``beam_args`` (which must name
+    its class).
 
     Stopping a Pub/Sub run on the local runner: the first SIGINT (Ctrl-C) or SIGTERM drains it
     (reading stops, every open join closes as at its deadline, all outputs are written, and this
@@ -360,7 +364,7 @@ def run_pipeline(config: RunConfig, beam_args: Sequence[str]) -> beam.runners.ru
                               "deduplicate by it (the join's reducer counts redeliveries as "
                               "duplicates)")
         _check_pubsub_resources(config)
-    p = beam.Pipeline(options=options)
+    p = beam.Pipeline(runner=runner_instance, options=options)
     drain = Drain() if config.subscription or config.topic else None
     build(p, config, catalog, drain)  # a missing input is reported here, before anything is written
     if "://" not in config.output:

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from fanin.cli import main
 from fanin.runners.flink_cluster import Cluster, start
 from tests.runners.parity import (
     CONTRACTS,
@@ -85,6 +86,24 @@ def test_flink_local_equals_local(flink_jar: str, inputs, reference, tmp_path: P
     extra = _on_time(inputs, name, mode)
     got = run_fanin(inputs[name], tmp_path / "out", mode, *FLINK_LOCAL, *extra)
     assert differences(reference(name, mode, *extra), got) == {}
+
+
+def test_flink_takes_its_job_server_options(flink_jar: str, inputs, reference, tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """Options only Flink's job server defines pass through ``fanin run`` and the job gives the
+    same outputs; one it does not define is bad use: one line, exit 2, no output written."""
+    got = run_fanin(inputs["mixed"], tmp_path / "out", "bounded", *FLINK_LOCAL,
+                    "--checkpointing_interval=60000", "--max_bundle_size", "50")
+    assert differences(reference("mixed", "bounded"), got) == {}
+    capsys.readouterr()
+    code = main(["run", *[a for f in inputs["mixed"] for a in ("--input", f)], "--contracts",
+                 str(CONTRACTS), "--output", str(tmp_path / "typo"), *FLINK_LOCAL,
+                 "--max_bundel_size=50"])
+    assert code == 2
+    said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("fanin:")]
+    assert said == ["fanin: error: the FlinkRunner job server defines no option "
+                    "--max_bundel_size"]
+    assert not [p for p in (tmp_path / "typo").rglob("*") if p.is_file()]
 
 
 def test_flink_local_replay_with_late_data(flink_jar: str, inputs, reference,

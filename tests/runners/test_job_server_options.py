@@ -1,0 +1,64 @@
+"""``fanin run`` passes options that only a job server defines (Flink's, Spark's) to job-server
+runners, and refuses them for every other runner (the job server's own check runs on Flink in
+``test_parity.py``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from apache_beam.runners.portability.flink_runner import FlinkRunner
+from apache_beam.runners.portability.spark_runner import SparkRunner
+
+from fanin import cli
+from fanin.runners.job_server_options import checked_runner, job_server_option_names
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "fanin" / "examples"
+
+
+@pytest.mark.parametrize("runner", ["--runner=FlinkRunner", "--runner=SparkRunner",
+                                    "--runner=PortableRunner", "--runner=flink"])
+def test_job_server_runners_take_options_in_every_form(runner: str) -> None:
+    unknown = ["--checkpointing_interval=60000", "--max_bundle_size", "50", "--faster",
+               "--state_backend=rocksdb"]
+    assert job_server_option_names([runner, *unknown], unknown) == [
+        "checkpointing_interval", "max_bundle_size", "faster", "state_backend"]
+
+
+@pytest.mark.parametrize("runner", [[], ["--runner=FnApiRunner"], ["--runner=DirectRunner"],
+                                    ["--runner=PrismRunner"], ["--runner=DataflowRunner"],
+                                    ["--runner=BundleBasedDirectRunner"], ["--runner=Nonesuch"]])
+def test_other_runners_refuse_unknown_options(runner: list[str]) -> None:
+    with pytest.raises(ValueError, match=r"^unrecognized arguments: --checkpointing_interval=1$"):
+        job_server_option_names([*runner, "--checkpointing_interval=1"],
+                                ["--checkpointing_interval=1"])
+    with pytest.raises(ValueError, match="does not take options from a job server"):
+        checked_runner(runner, ["checkpointing_interval"])
+
+
+@pytest.mark.parametrize("unknown, bad", [(["-x", "3"], "-x"), (["stray"], "stray"),
+                                          (["--a=1", "2"], "2"), (["--a", "1", "2"], "2"),
+                                          (["--"], "--"), (["--9lives"], "--9lives")])
+def test_what_is_not_an_option_is_refused(unknown: list[str], bad: str) -> None:
+    with pytest.raises(ValueError, match=f"^unrecognized argument for FlinkRunner: {bad}$"):
+        job_server_option_names(["--runner=FlinkRunner", *unknown], unknown)
+
+
+@pytest.mark.parametrize(("runner", "cls"), [("FlinkRunner", FlinkRunner),
+                                             ("SparkRunner", SparkRunner)])
+def test_the_checked_runner_is_the_runner_asked_for(runner: str, cls: type) -> None:
+    made = checked_runner([f"--runner={runner}"], ["checkpointing_interval"])
+    assert isinstance(made, cls)
+    assert type(made).__name__ == runner
+
+
+def test_fanin_run_refuses_a_job_server_option_for_the_local_runner(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["run", "--input", str(EXAMPLES / "triage.jsonl"), "--contracts",
+                  str(EXAMPLES / "contracts.yaml"), "--output", str(tmp_path / "out"),
+                  "--runner=FnApiRunner", "--checkpointing_interval=60000"])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err == \
+        "fanin: error: unrecognized arguments: --checkpointing_interval=60000\n"
+    assert not (tmp_path / "out").exists()
