@@ -1,7 +1,7 @@
 """Benchmark: whole Beam pipelines on the local runners (see docs/performance.md).
 
 Usage: ``python bench/pipeline.py [--quick] [--messages 200000] [--stream-messages 20000]
-[--repeats 3] [--only headline|memory|bounded|stream|growth|trigger]``
+[--repeats 3] [--only headline|memory|state|bounded|stream|growth|trigger]``
 
 Workloads come from the fleet simulator (``write_simulation``, bundled contracts) written to
 files in a temporary folder; every pipeline reads those files. Variants of one part run
@@ -22,6 +22,10 @@ alternately inside one process so machine noise hits them alike; tables show med
 - ``growth``: Fanin bounded at N/10 and N messages; Fanin replay at S/4 and S messages.
 - ``memory``: per-join streaming state of open joins (pickled and coder-encoded sizes) and the
   peak RSS of folding them into ``JoinReducer`` objects, in a fresh process.
+- ``state``: per runner set up (default, Prism, Flink), memory per open join in the streaming
+  state: ``fanin run --replay`` of ``--state-joins`` joins that stay open until the replay
+  ends, and of 1,000; the peak RSS of each kind of process in the run's tree (Python, Prism,
+  Flink's JVM), sampled every 0.1 s; per join: the difference over the difference in joins.
 - ``trigger``: replay throughput and close latency for the ``eager`` and ``watermark`` close
   triggers. The join DoFn is a ``JoinDoFn`` subclass that counts the records it received; the
   latency of a close = the largest event time among the records the join had received when it
@@ -77,7 +81,7 @@ from fanin.transforms.parse import ParseMessages
 from fanin.transforms.read import numbered_lines
 from fanin.transforms.write import WriteOutput
 
-PARTS = ("headline", "memory", "bounded", "stream", "growth", "trigger")
+PARTS = ("headline", "memory", "state", "bounded", "stream", "growth", "trigger")
 _ROOT = Path(__file__).resolve().parent.parent
 _BIN = Path(sys.executable).parent
 _LINES_PER_JOIN = 6.9  # the simulator's default rates give ~6.9 lines per join
@@ -615,6 +619,108 @@ def _quantile(values: list[int], q: float) -> float:
     return float(ordered[min(len(ordered) - 1, int(q * len(ordered)))]) if ordered else 0.0
 
 
+_STATE_CONTRACTS = "contracts:\n  - name: wait\n    required: [a, b]\n    deadline_s: 3600\n"
+
+
+def _open_joins_input(path: str, joins: int) -> int:
+    """``joins`` joins of an open and one of their two required receipts, one join per
+    millisecond from 2026-01-01T00:00:00Z: none closes before its deadline (an hour later), so
+    in a replay every join is open until the final watermark. Returns the file's bytes."""
+    with open(path, "w") as out:
+        for j in range(joins):
+            at = f"2026-01-01T00:{j // 60_000:02d}:{j // 1000 % 60:02d}.{j % 1000:03d}Z"
+            out.write(f'{{"kind":"open","join_id":"j{j:08d}","opened_at":"{at}",'
+                      f'"contract":"wait"}}\n{{"join_id":"j{j:08d}","branch":"a",'
+                      f'"status":"ok","event_time":"{at}","value":{j}}}\n')
+    return os.path.getsize(path)
+
+
+def _process_kind(pid: int) -> str | None:
+    try:
+        name = Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return None
+    return "java" if name == "java" else "prism" if "prism" in name or \
+        name.startswith("apache_beam") else "python"
+
+
+def _tree_rss(root: int) -> dict[str, int]:
+    """RSS (bytes) of the process tree under ``root`` now, summed by kind of process."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
+    tree, grew = {root}, True
+    while grew:
+        more = {pid for pid, parent in parents.items() if parent in tree} - tree
+        tree |= more
+        grew = bool(more)
+    page = os.sysconf("SC_PAGE_SIZE")
+    found: dict[str, int] = {}
+    for pid in tree:
+        kind = _process_kind(pid)
+        try:
+            pages = int(Path(f"/proc/{pid}/statm").read_text().split()[1])
+        except (OSError, IndexError):
+            continue
+        if kind is not None:
+            found[kind] = found.get(kind, 0) + pages * page
+    return found
+
+
+def _peak_rss_by_kind(cmd: list[str], log: str) -> dict[str, int]:
+    """Run ``cmd`` to the end (its output to ``log``); the peak RSS of each kind of process in
+    its tree, sampled every 0.1 s (a sampled peak: a spike shorter than that can be missed)."""
+    peaks: dict[str, int] = {}
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, cwd=_ROOT, env=_USER_ENV, stdout=out,
+                                stderr=subprocess.STDOUT)
+        while proc.poll() is None:
+            for kind, rss in _tree_rss(proc.pid).items():
+                peaks[kind] = max(peaks.get(kind, 0), rss)
+            time.sleep(0.1)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{shlex.join(cmd)} failed ({proc.returncode}): see {log}")
+    return peaks
+
+
+def part_state(tmp: str, joins: int, base: int = 1_000) -> None:
+    """Memory per open join in the streaming state, per runner set up (see the docstring)."""
+    contracts = os.path.join(tmp, "state-contracts.yaml")
+    Path(contracts).write_text(_STATE_CONTRACTS)
+    runners = [("default (BundleBasedDirectRunner)", [], "python")]
+    if _prism():
+        runners.append(("PrismRunner", ["--runner=PrismRunner"], "prism"))
+    if _flink():
+        runners.append(("FlinkRunner [local], LOOPBACK", _FLINK_ARGS, "java"))
+    sizes, rows = {}, []
+    for n in (base, joins):
+        sizes[n] = _open_joins_input(os.path.join(tmp, f"open-{n}.jsonl"), n)
+    for label, args, holder in runners:
+        peaks = {}
+        for n in (base, joins):
+            cmd = [str(_BIN / "fanin"), "run", "--input", os.path.join(tmp, f"open-{n}.jsonl"),
+                   "--contracts", contracts, "--output", os.path.join(tmp, f"state-out-{n}"),
+                   "--overwrite", "--replay", "--close-trigger", "watermark", *args]
+            peaks[n] = _peak_rss_by_kind(cmd, os.path.join(tmp, f"state-{holder}-{n}.log"))
+        per_join = {kind: (peaks[joins].get(kind, 0) - peaks[base].get(kind, 0))
+                    / (joins - base) for kind in peaks[joins]}
+        rows.append([label, holder, peaks[base].get(holder, 0) / 2**20,
+                     peaks[joins].get(holder, 0) / 2**20, round(per_join.get(holder, 0)),
+                     round(sum(per_join.values())),
+                     round((sizes[joins] - sizes[base]) / (joins - base))])
+    _table(f"Memory per open join in the streaming state: `fanin run --replay` of {base:,} and "
+           f"{joins:,} joins (an open and 1 of 2 required receipts each), all open until the "
+           "replay ends; sampled peak RSS",
+           ["runner", "state held by", f"peak MiB, {base:,} joins", f"peak MiB, {joins:,} joins",
+            "bytes per open join (that process)", "bytes per open join (all processes)",
+            "input bytes per join (the replay's TestStream holds them)"], rows)
+
+
 def part_trigger(tmp: str, messages: int, repeats: int) -> None:
     path, lines = _workload(tmp, messages)
     probes = _probes()
@@ -655,6 +761,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stream-messages", type=int, default=20_000,
                         help="replay workload size (growth: this and a quarter of it)")
     parser.add_argument("--open-joins", type=int, default=100_000)
+    parser.add_argument("--state-joins", type=int, default=20_000,
+                        help="state: open joins of the large replay (and 1,000)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--joins", type=int, default=29_000,
                         help="headline: joins of the bounded input (29,000: ~200,000 lines)")
@@ -680,6 +788,8 @@ def main(argv: list[str] | None = None) -> int:
             part_headline(tmp, args.joins, args.stream_joins, args.repeats, args.flink_joins)
         if "memory" in parts:  # first: the child's peak RSS starts at the parent's (fork+exec)
             part_memory(args.open_joins)
+        if "state" in parts:
+            part_state(tmp, args.state_joins)
         if "bounded" in parts:
             part_bounded(tmp, args.messages, args.repeats)
         if "stream" in parts:
