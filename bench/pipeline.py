@@ -23,9 +23,10 @@ alternately inside one process so machine noise hits them alike; tables show med
 - ``memory``: per-join streaming state of open joins (pickled and coder-encoded sizes) and the
   peak RSS of folding them into ``JoinReducer`` objects, in a fresh process.
 - ``state``: per runner set up (default, Prism, Flink), memory per open join in the streaming
-  state: ``fanin run --replay`` of ``--state-joins`` joins that stay open until the replay
-  ends, and of 1,000; the peak RSS of each kind of process in the run's tree (Python, Prism,
-  Flink's JVM), sampled every 0.1 s; per join: the difference over the difference in joins.
+  state: ``fanin run --replay`` of ``--state-joins`` of the ``memory`` part's joins, each open
+  until the replay ends, and of 1,000; the peak RSS of each kind of process in the run's tree
+  (Python, Prism, Flink's JVM), sampled every 0.1 s; per join: the difference over the
+  difference in joins.
 - ``trigger``: replay throughput and close latency for the ``eager`` and ``watermark`` close
   triggers. The join DoFn is a ``JoinDoFn`` subclass that counts the records it received; the
   latency of a close = the largest event time among the records the join had received when it
@@ -473,15 +474,17 @@ def part_growth(tmp: str, messages: int, stream_messages: int, repeats: int) -> 
 
 
 # ------------------------------------------------------------------------- memory
-def _open_join_lines(joins: int, seed: int = 3) -> Iterator[str]:
-    """Per join: an open of 5 required branches and 2 ok receipts (one retried) - never complete."""
+def _open_join_lines(joins: int, seed: int = 3, deadline_s: int = 30) -> Iterator[str]:
+    """Per join: an open of 5 required branches and 2 ok receipts (one retried) - never
+    complete; a join every 10 ms of event time, each open until ``deadline_s`` after it."""
     rnd = random.Random(seed)
     t0 = 1_767_225_600_000
     for j in range(joins):
         join_id, t = f"open-{j:07d}", t0 + j * 10
         yield json.dumps({"kind": "open", "join_id": join_id, "opened_at": format_ms(t),
                           "run_id": "run-1", "message_id": f"m-{j}-0",
-                          "required": [f"part/{i:02d}" for i in range(5)], "deadline_s": 30})
+                          "required": [f"part/{i:02d}" for i in range(5)],
+                          "deadline_s": deadline_s})
         for i in range(2):
             yield json.dumps({"join_id": join_id, "branch": f"part/{i:02d}", "status": "ok",
                               "event_time": format_ms(t + 1 + i), "key": f"k{i}",
@@ -494,10 +497,15 @@ def _rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def _current_rss(pid: int | str = "self") -> int:
+    """Current RSS of a process (/proc/PID/statm), bytes; OSError once it is gone."""
+    with open(f"/proc/{pid}/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
 def _current_rss_mib() -> float:
-    """Current RSS (/proc/self/statm), MiB."""
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    """Current RSS of this process, MiB."""
+    return _current_rss() / 2**20
 
 
 def _memory(joins: int) -> dict[str, float]:
@@ -619,19 +627,12 @@ def _quantile(values: list[int], q: float) -> float:
     return float(ordered[min(len(ordered) - 1, int(q * len(ordered)))]) if ordered else 0.0
 
 
-_STATE_CONTRACTS = "contracts:\n  - name: wait\n    required: [a, b]\n    deadline_s: 3600\n"
-
-
 def _open_joins_input(path: str, joins: int) -> int:
-    """``joins`` joins of an open and one of their two required receipts, one join per
-    millisecond from 2026-01-01T00:00:00Z: none closes before its deadline (an hour later), so
-    in a replay every join is open until the final watermark. Returns the file's bytes."""
+    """The ``memory`` part's open joins (``_open_join_lines``) as a file, each open for an hour
+    of event time: longer than the input spans (up to 360,000 joins), so in a replay every
+    join is open until the final watermark. Returns the file's bytes."""
     with open(path, "w") as out:
-        for j in range(joins):
-            at = f"2026-01-01T00:{j // 60_000:02d}:{j // 1000 % 60:02d}.{j % 1000:03d}Z"
-            out.write(f'{{"kind":"open","join_id":"j{j:08d}","opened_at":"{at}",'
-                      f'"contract":"wait"}}\n{{"join_id":"j{j:08d}","branch":"a",'
-                      f'"status":"ok","event_time":"{at}","value":{j}}}\n')
+        out.writelines(line + "\n" for line in _open_join_lines(joins, deadline_s=3600))
     return os.path.getsize(path)
 
 
@@ -659,16 +660,15 @@ def _tree_rss(root: int) -> dict[str, int]:
         more = {pid for pid, parent in parents.items() if parent in tree} - tree
         tree |= more
         grew = bool(more)
-    page = os.sysconf("SC_PAGE_SIZE")
     found: dict[str, int] = {}
     for pid in tree:
         kind = _process_kind(pid)
         try:
-            pages = int(Path(f"/proc/{pid}/statm").read_text().split()[1])
+            rss = _current_rss(pid)
         except (OSError, IndexError):
             continue
         if kind is not None:
-            found[kind] = found.get(kind, 0) + pages * page
+            found[kind] = found.get(kind, 0) + rss
     return found
 
 
@@ -690,8 +690,6 @@ def _peak_rss_by_kind(cmd: list[str], log: str) -> dict[str, int]:
 
 def part_state(tmp: str, joins: int, base: int = 1_000) -> None:
     """Memory per open join in the streaming state, per runner set up (see the docstring)."""
-    contracts = os.path.join(tmp, "state-contracts.yaml")
-    Path(contracts).write_text(_STATE_CONTRACTS)
     runners = [("default (BundleBasedDirectRunner)", [], "python")]
     if _prism():
         runners.append(("PrismRunner", ["--runner=PrismRunner"], "prism"))
@@ -704,7 +702,7 @@ def part_state(tmp: str, joins: int, base: int = 1_000) -> None:
         peaks = {}
         for n in (base, joins):
             cmd = [str(_BIN / "fanin"), "run", "--input", os.path.join(tmp, f"open-{n}.jsonl"),
-                   "--contracts", contracts, "--output", os.path.join(tmp, f"state-out-{n}"),
+                   "--contracts", CONTRACTS_PATH, "--output", os.path.join(tmp, f"state-out-{n}"),
                    "--overwrite", "--replay", "--close-trigger", "watermark", *args]
             peaks[n] = _peak_rss_by_kind(cmd, os.path.join(tmp, f"state-{holder}-{n}.log"))
         per_join = {kind: (peaks[joins].get(kind, 0) - peaks[base].get(kind, 0))
@@ -714,8 +712,8 @@ def part_state(tmp: str, joins: int, base: int = 1_000) -> None:
                      round(sum(per_join.values())),
                      round((sizes[joins] - sizes[base]) / (joins - base))])
     _table(f"Memory per open join in the streaming state: `fanin run --replay` of {base:,} and "
-           f"{joins:,} joins (an open and 1 of 2 required receipts each), all open until the "
-           "replay ends; sampled peak RSS",
+           f"{joins:,} joins (the `memory` part's: an open and 2 of 5 required receipts each), "
+           "all open until the replay ends; sampled peak RSS",
            ["runner", "state held by", f"peak MiB, {base:,} joins", f"peak MiB, {joins:,} joins",
             "bytes per open join (that process)", "bytes per open join (all processes)",
             "input bytes per join (the replay's TestStream holds them)"], rows)
