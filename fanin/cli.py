@@ -7,7 +7,8 @@ Guarantees:
   ``--direct_num_workers``, ``--direct_running_mode``, Dataflow options, ...), and for a
   job-server runner (Flink, Spark, portable) the options its job server defines
   (``--checkpointing_interval``, ...; ``fanin.runners.job_server_options``); any other
-  option, or one the job server does not define, is bad use.
+  option, or one the job server does not define, is bad use. So is a job-server runner whose
+  jar Beam can neither find nor download (``fanin.runners.toolchain.job_server_jar_error``).
 - The runner is always explicit (see ``pipelines.pipeline.choose_runner``) and is logged.
 - Each subcommand's module is imported only when that subcommand runs: ``fanin --help``,
   ``fanin query`` and ``fanin report`` never import Apache Beam.
@@ -124,7 +125,7 @@ def _run(args: argparse.Namespace, beam_args: Sequence[str]) -> int:
                                                 ("dead_letter", args.dead_letter_topic))
                 if topic})
         from fanin.runners.dry_run import maybe_dry_run
-        from fanin.runners.toolchain import with_local_job_server
+        from fanin.runners.toolchain import job_server_jar_error, with_local_job_server
 
         beam_args = with_local_job_server(beam_args)
 
@@ -136,7 +137,14 @@ def _run(args: argparse.Namespace, beam_args: Sequence[str]) -> int:
             from fanin.runners.job_server_options import checked_runner
 
             runner = checked_runner(beam_args, args.job_server_options)
-        run_pipeline(config, beam_args, runner)
+        try:
+            run_pipeline(config, beam_args, runner)
+        except RuntimeError as exc:  # a job server's jar that is not here: a set-up error
+            line = job_server_jar_error(exc, beam_args)
+            if line is None:
+                raise
+            print(f"fanin: error: {line}", file=sys.stderr)
+            return 2
     except (ConfigError, ContractsError, FileNotFoundError, ValueError,
             NotImplementedError) as exc:
         print(f"fanin: error: {str(exc).splitlines()[0]}", file=sys.stderr)

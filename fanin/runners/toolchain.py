@@ -36,8 +36,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 __all__ = ["FLINK_DIST_VERSION", "FLINK_JOB_SERVER_BEAM_VERSION", "add_subcommand",
-           "flink_home", "flink_job_server_jar", "prism_binary", "setup_flink", "setup_prism",
-           "with_local_job_server"]
+           "flink_home", "flink_job_server_jar", "job_server_jar_error", "prism_binary",
+           "setup_flink", "setup_prism", "with_local_job_server"]
 
 CACHE = os.path.expanduser("~/.apache_beam/cache")
 PRISM_MODULE = "github.com/apache/beam/sdks/v2/go/cmd/prism"
@@ -225,6 +225,23 @@ def with_local_job_server(beam_args: Sequence[str]) -> list[str]:
         return args
     jar = flink_job_server_jar()
     return [*args, f"--flink_job_server_jar={jar}"] if os.path.isfile(jar) else args
+
+
+# How Beam's job-server runners (FlinkRunner, SparkRunner) say that the jar they start is
+# neither given as a local file nor in Beam's cache, and could not be downloaded
+_JAR_UNAVAILABLE = "Unable to fetch remote job server jar"
+
+
+def job_server_jar_error(exc: BaseException, beam_args: Sequence[str]) -> str | None:
+    """One line for the user when ``exc`` is Beam failing to fetch a job server's jar (nothing
+    ran), naming ``fanin setup flink`` for FlinkRunner; None for any other error."""
+    message = str(exc)
+    if not isinstance(exc, RuntimeError) or not message.startswith(_JAR_UNAVAILABLE):
+        return None
+    line = message.splitlines()[0]
+    if "FlinkRunner" in " ".join(beam_args):
+        line += " (`fanin setup flink` builds the Flink job server, which fanin run then uses)"
+    return line
 
 
 def _setup(args: argparse.Namespace) -> int:

@@ -62,3 +62,25 @@ def test_fanin_run_refuses_a_job_server_option_for_the_local_runner(
     assert capsys.readouterr().err == \
         "fanin: error: unrecognized arguments: --checkpointing_interval=60000\n"
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(("runner", "hint"), [
+    (["--runner=SparkRunner", "--spark_job_server_jar=http://127.0.0.1:9/spark-js.jar"], ""),
+    (["--runner=FlinkRunner", "--flink_job_server_jar=http://127.0.0.1:9/flink-js.jar"],
+     " (`fanin setup flink` builds the Flink job server, which fanin run then uses)")])
+def test_a_job_server_jar_that_cannot_be_fetched_is_one_line(
+        runner: list[str], hint: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Beam fetches a job server's jar that is not a local file when the job starts; when it
+    cannot (nothing listens on port 9 here), ``fanin run`` says so in one line, exit 2."""
+    code = cli.main(["run", "--input", str(EXAMPLES / "triage.jsonl"), "--contracts",
+                     str(EXAMPLES / "contracts.yaml"), "--output", str(tmp_path / "out"),
+                     *runner])
+    assert code == 2
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("fanin: error:")]
+    jar = runner[1].split("=", 1)[1]
+    assert len(errors) == 1
+    assert errors[0].startswith(f"fanin: error: Unable to fetch remote job server jar at {jar}: ")
+    assert errors[0].endswith(hint)
+    assert "Traceback" not in err
