@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import shutil
 from collections.abc import Iterable, Sequence
@@ -93,15 +94,15 @@ class RunConfig:
             raise ConfigError("--replay replays --input files")
         if self.id_label and not (self.subscription or self.topic):
             raise ConfigError("--id-label is for Pub/Sub input")
-        if self.max_disorder_s < 0:
-            raise ConfigError("--max-disorder-s must be >= 0")
+        if not 0 <= self.max_disorder_s < math.inf:  # NaN fails too
+            raise ConfigError("--max-disorder-s must be a finite number >= 0")
         if self.max_bytes <= 0 or self.max_messages_per_join < 1:
             raise ConfigError("--max-bytes and --max-messages-per-join must be >= 1")
         if self.max_bytes_per_join < self.max_bytes:
             raise ConfigError("--max-bytes-per-join must be >= --max-bytes (a join must hold "
                               "at least one message)")
-        if self.window_s <= 0 or self.shards < 1:
-            raise ConfigError("--window-s must be > 0 and --shards >= 1")
+        if not 0 < self.window_s < math.inf or self.shards < 1:  # NaN fails too
+            raise ConfigError("--window-s must be a finite number > 0 and --shards >= 1")
         if not self.formats or set(self.formats) - set(FORMATS):
             raise ConfigError(f"--format must be one or more of {', '.join(FORMATS)}")
         if set(self.topics) - {CLOSES, LATE, DEAD_LETTER}:

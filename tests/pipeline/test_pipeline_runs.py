@@ -147,6 +147,9 @@ def test_cli_runs_and_refuses_bad_use(traffic: dict[str, Path], tmp_path: Path,
         ["run", "--subscription", "projects/my-proj/subscriptions/sub", "--id-label", "mid",
          "--output", str(out / "u")],  # id_label is Dataflow-only
         ["run", "--input", str(tmp_path), "--output", str(out / "t")],  # a folder
+        *(["run", "--input", str(traffic["arrival"]), "--output", str(out / "s"), "--replay",
+           option, value] for option in ("--max-disorder-s", "--window-s")
+          for value in ("inf", "nan", "-1")),
     ]
     for argv in bad:
         with pytest.raises(SystemExit) as info:
