@@ -19,6 +19,7 @@ import logging
 import math
 import os
 import shutil
+import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -94,15 +95,7 @@ class RunConfig:
             raise ConfigError("--replay replays --input files")
         if self.id_label and not (self.subscription or self.topic):
             raise ConfigError("--id-label is for Pub/Sub input")
-        if not 0 <= self.max_disorder_s < math.inf:  # NaN fails too
-            raise ConfigError("--max-disorder-s must be a finite number >= 0")
-        if self.max_bytes <= 0 or self.max_messages_per_join < 1:
-            raise ConfigError("--max-bytes and --max-messages-per-join must be >= 1")
-        if self.max_bytes_per_join < self.max_bytes:
-            raise ConfigError("--max-bytes-per-join must be >= --max-bytes (a join must hold "
-                              "at least one message)")
-        if not 0 < self.window_s < math.inf or self.shards < 1:  # NaN fails too
-            raise ConfigError("--window-s must be a finite number > 0 and --shards >= 1")
+        self._validate_limits()
         if not self.formats or set(self.formats) - set(FORMATS):
             raise ConfigError(f"--format must be one or more of {', '.join(FORMATS)}")
         if set(self.topics) - {CLOSES, LATE, DEAD_LETTER}:
@@ -111,6 +104,20 @@ class RunConfig:
             raise ConfigError("publishing outputs to Pub/Sub needs a streaming run "
                               "(--subscription, --topic or --replay)")
         self._validate_pubsub_paths()
+
+    def _validate_limits(self) -> None:
+        """Every size, count and duration option is in its range (the reason in one line)."""
+        if not 0 <= self.max_disorder_s < math.inf:  # NaN fails too
+            raise ConfigError("--max-disorder-s must be a finite number >= 0")
+        if self.max_bytes <= 0 or self.max_messages_per_join < 1:
+            raise ConfigError("--max-bytes and --max-messages-per-join must be >= 1")
+        if self.max_messages_per_join >= sys.maxsize:  # the bounded plan counts to it + 1
+            raise ConfigError(f"--max-messages-per-join must be < {sys.maxsize}")
+        if self.max_bytes_per_join < self.max_bytes:
+            raise ConfigError("--max-bytes-per-join must be >= --max-bytes (a join must hold "
+                              "at least one message)")
+        if not 0 < self.window_s < math.inf or self.shards < 1:  # NaN fails too
+            raise ConfigError("--window-s must be a finite number > 0 and --shards >= 1")
 
     def _validate_pubsub_paths(self) -> None:
         """Every Pub/Sub path is one the service accepts (the reason in one line if not)."""
