@@ -775,6 +775,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", choices=PARTS, action="append",
                         help="run only this part (repeatable)")
     args = parser.parse_args(argv)
+    if args.repeats < 1 or args.state_joins <= 1_000 or min(
+            args.messages, args.stream_messages, args.open_joins, args.joins,
+            args.stream_joins) < 1 or args.flink_joins < 0:
+        parser.error("--repeats and the sizes must be >= 1 (--flink-joins >= 0), "
+                     "--state-joins > 1,000 (the state part's smaller replay)")
     parts = args.only or list(PARTS)
     if args.quick:  # about 10 minutes on 2 idle cores (the full headline alone: ~16)
         parts = args.only or ["headline", "memory", "bounded"]
