@@ -49,7 +49,8 @@ def _add_run(subparsers: argparse._SubParsersAction) -> None:
         "Options not listed here are passed to Apache Beam.")
     src = run.add_argument_group("input")
     src.add_argument("--input", action="append", default=[], metavar="GLOB",
-                     help="newline-delimited JSON file(s); repeatable; any Beam filesystem")
+                     help="newline-delimited JSON file(s), also .gz, .bz2, .zst, .xz...; "
+                          "repeatable; any Beam filesystem")
     src.add_argument("--subscription",
                      help="Pub/Sub subscription projects/PROJECT/subscriptions/NAME")
     src.add_argument("--topic",

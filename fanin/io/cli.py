@@ -80,6 +80,7 @@ def run_publish(args: argparse.Namespace) -> int:  # noqa: C901 (one exit per pu
     """Run ``fanin publish`` for parsed ``args``; returns the exit status."""
     from google.auth.exceptions import DefaultCredentialsError
 
+    from fanin.io.inputs import UnreadableInput
     from fanin.io.publish import publish_file
     from fanin.io.pubsub import validate_topic_path
 
@@ -115,6 +116,9 @@ def run_publish(args: argparse.Namespace) -> int:  # noqa: C901 (one exit per pu
                                waiting=waiting, stop=stop)
     except OSError as exc:
         print(f"fanin publish: cannot read {args.file}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    except UnreadableInput as exc:  # lines before the damage were published
+        print(f"fanin publish: {exc}", file=sys.stderr)
         return 2
     except DefaultCredentialsError:
         print("fanin publish: no Google credentials: set PUBSUB_EMULATOR_HOST=HOST:PORT to use "

@@ -3,10 +3,14 @@
 Guarantees of ``publish_file``:
 - Messages: the lines ``fanin run --input`` reads as messages (``fanin.contracts.lines.
   message_lines``: line endings and a leading byte order mark removed, empty lines skipped,
-  whitespace-only lines kept), each published with its bytes unchanged, so a line ``fanin run``
-  dead-letters from a file it dead-letters from Pub/Sub too. Attributes: ``event_time`` (a
-  receipt's ``event_time``, an open's ``opened_at``, else the other one) and ``message_id`` when
-  the line is a JSON object with such string fields of at most 1024 bytes.
+  whitespace-only lines kept) of the file as ``fanin run`` reads it (``fanin.io.inputs.
+  input_lines``: a ``.gz``, ``.bz2``, ``.zst``, ``.xz``... file decompressed), each published
+  with its bytes unchanged, so a line ``fanin run`` dead-letters from a file it dead-letters
+  from Pub/Sub too. A compressed file it cannot decompress raises ``UnreadableInput`` (a
+  ``ValueError``) when reading reaches the damage: the lines before it are published.
+  Attributes: ``event_time`` (a receipt's ``event_time``, an open's ``opened_at``, else the
+  other one) and ``message_id`` when the line is a JSON object with such string fields of at
+  most 1024 bytes.
 - Accounting: every message read is counted exactly once, in ``sent`` (confirmed by Pub/Sub) or
   ``failed``. Failures are grouped by kind (exception type and the first line of its text, at
   most ``MAX_KINDS`` kinds, then ``other``), each with its count and first and last line.
@@ -28,12 +32,13 @@ import json
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import Any
 
 from fanin.contracts.lines import message_lines
+from fanin.io.inputs import check_start, input_lines
 from fanin.io.pubsub import validate_topic_path
 
 __all__ = ["MAX_IN_FLIGHT", "MAX_KINDS", "NOTICE_S", "FailureKind", "PublishSummary",
@@ -180,12 +185,12 @@ def _line_attributes(line: bytes) -> dict[str, str]:
 
 
 @contextmanager
-def _input(path: str) -> Iterator[IO[bytes]]:
+def _input(path: str) -> Iterator[Iterable[bytes]]:
     if path == "-":
         yield sys.stdin.buffer
-    else:
-        with open(path, "rb") as handle:
-            yield handle
+    else:  # decompressed by its name's suffix (.gz, .bz2, ...), as ``fanin run`` reads it
+        with input_lines(path) as lines:
+            yield lines
 
 
 def publish_file(
@@ -202,12 +207,15 @@ def publish_file(
 
     ``progress(sent, failed)`` is called after each message settles (from the client's
     threads). Publishing errors never raise. A malformed topic path raises ``ValueError`` and
-    an unreadable file ``OSError`` before anything is published. Uses
+    an unreadable file ``OSError`` and a compressed file not of its suffix's format
+    ``UnreadableInput`` before anything is published. Uses
     ``google.cloud.pubsub_v1.PublisherClient``, which honours ``PUBSUB_EMULATOR_HOST``.
     """
     from google.cloud import pubsub_v1
 
     validate_topic_path(topic)
+    if path != "-":
+        check_start(path)  # a file that is not of its suffix's format: before anything is sent
     stop = stop or threading.Event()
     state = _Publishing(progress, waiting)
     silence = f"no confirmation from Pub/Sub for {timeout_s:g} s (gave up)"

@@ -9,7 +9,9 @@ Guarantees:
   (and a ``\\r`` before it) is removed; a line that is then empty is not a message and is
   skipped (NDJSON allows blank separators); every other line is yielded, valid or not. The
   rule is ``message_lines``, which ``fanin publish`` applies too, so a file means the same
-  messages read directly or through Pub/Sub.
+  messages read directly or through Pub/Sub; both read a file with ``input_lines``
+  (``fanin.io.inputs``), which decompresses a ``.gz``, ``.bz2``, ``.zst``, ``.xz`` ... file
+  and raises ``UnreadableInput`` (a ``ValueError``) for one it cannot decompress.
 - ``ReadNumberedLines`` is the Beam composite for bounded runs.
 """
 
@@ -22,6 +24,7 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
 from fanin.contracts.lines import message_lines
+from fanin.io.inputs import check_start, input_lines
 
 __all__ = ["ReadNumberedLines", "expand_inputs", "numbered_lines"]
 
@@ -29,7 +32,9 @@ Source = tuple[str, int]
 
 
 def expand_inputs(patterns: Sequence[str]) -> list[str]:
-    """Every file the patterns match, sorted, de-duplicated; a pattern matching none raises."""
+    """Every file the patterns match, sorted, de-duplicated; a pattern matching none raises
+    ``FileNotFoundError``, a compressed file whose start cannot be decompressed
+    ``UnreadableInput`` (``check_start``)."""
     paths: list[str] = []
     for pattern in patterns:
         if os.path.isdir(pattern):
@@ -40,13 +45,15 @@ def expand_inputs(patterns: Sequence[str]) -> list[str]:
         if not matched:
             raise FileNotFoundError(f"input matches no file: {pattern}")
         paths.extend(sorted(matched))
+    for path in paths:
+        check_start(path)
     return list(dict.fromkeys(paths))
 
 
 def numbered_lines(path: str) -> Iterator[tuple[bytes, Source]]:
     """The messages of a file (``message_lines``) with their source ``(path, number)``."""
-    with FileSystems.open(path) as handle:
-        for line, number in message_lines(handle):
+    with input_lines(path) as lines:
+        for line, number in message_lines(lines):
             yield line, (path, number)
 
 

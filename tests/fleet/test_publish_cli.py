@@ -3,6 +3,7 @@ rule of ``fanin run --input``, failures by kind, waiting for a service that is d
 
 from __future__ import annotations
 
+import gzip
 import json
 import signal
 import subprocess
@@ -136,3 +137,27 @@ def test_without_credentials_or_emulator_it_says_so_in_one_line(tmp_path: Path) 
     assert done.stderr.splitlines() == [
         "fanin publish: no Google credentials: set PUBSUB_EMULATOR_HOST=HOST:PORT to use the "
         "Pub/Sub emulator, or set up Application Default Credentials"]
+
+
+def test_publish_reads_a_compressed_file_as_fanin_run_does(
+        pubsub_emulator: PubSubEmulator, tmp_path: Path) -> None:
+    path = tmp_path / "in.jsonl.gz"
+    path.write_bytes(gzip.compress(CONTENT))
+    topic, subscription = pubsub_emulator.topic_and_subscription("gzipped")
+    done = fanin("publish", "--topic", topic, str(path))
+    assert (done.returncode, done.stdout) == (0, "sent=5 failed=0\n"), done.stderr
+    got = pubsub_emulator.collect(subscription, lambda msgs: len(msgs) >= 5, 30)
+    assert sorted(m.data for m in got) == sorted([OPEN, RECEIPT, b"   ", b"\t", b"not json \xff"])
+
+
+def test_a_file_not_of_its_suffixs_format_is_one_line_and_nothing_is_sent(
+        pubsub_emulator: PubSubEmulator, tmp_path: Path) -> None:
+    path = tmp_path / "in.jsonl.gz"
+    path.write_bytes(CONTENT)  # not gzip
+    topic, subscription = pubsub_emulator.topic_and_subscription("not-gzip")
+    done = fanin("publish", "--topic", topic, str(path))
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"fanin publish: input {path} cannot be decompressed at its "
+                                  "start (zlib.error: ")
+    assert len(done.stderr.splitlines()) == 1 and done.stdout == ""
+    assert pubsub_emulator.pull(subscription) == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 from collections import defaultdict
 from pathlib import Path
@@ -130,6 +131,7 @@ def test_same_input_twice_gives_byte_identical_files(traffic: dict[str, Path],
 def test_cli_runs_and_refuses_bad_use(traffic: dict[str, Path], tmp_path: Path,
                                       capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "cli"
+    (tmp_path / "not-gzip.jsonl.gz").write_bytes(traffic["arrival"].read_bytes())
     args = ["run", "--input", str(traffic["arrival"]), "--contracts", CONTRACTS_PATH,
             "--output", str(out)]
     assert main(args) == 0
@@ -150,6 +152,7 @@ def test_cli_runs_and_refuses_bad_use(traffic: dict[str, Path], tmp_path: Path,
         *(["run", "--input", str(traffic["arrival"]), "--output", str(out / "s"), "--replay",
            option, value] for option in ("--max-disorder-s", "--window-s")
           for value in ("inf", "nan", "-1")),
+        ["run", "--input", str(tmp_path / "not-gzip.jsonl.gz"), "--output", str(out / "q")],
         ["run", "--input", str(traffic["arrival"]), "--output", str(out / "r"),
          "--max-messages-per-join", str(2**63 - 1)],
     ]
@@ -189,3 +192,22 @@ def test_a_byte_order_mark_at_the_start_of_a_file_is_not_part_of_its_first_messa
     assert found["dead_letter"] == [] and found["late"] == []
     assert [(c["join_id"], c["reason"], c["counts"]["messages"]) for c in found["closes"]] == \
         [("bom", "complete", 2)]
+
+
+@pytest.mark.parametrize("replay", [False, True])
+def test_a_gzip_input_gives_the_outputs_of_its_content(traffic: dict[str, Path],
+                                                       tmp_path: Path, replay: bool) -> None:
+    """A ``.gz`` file is read decompressed (as Beam's ReadFromText reads it): the outputs are
+    those of the plain file, the dead letters' sources naming the compressed file."""
+    plain = traffic["arrival"]
+    packed = tmp_path / "arrival.jsonl.gz"
+    packed.write_bytes(gzip.compress(plain.read_bytes()))
+    expected = run(plain, tmp_path / "plain", replay=replay)
+    run_pipeline(RunConfig(output=str(tmp_path / "packed"), inputs=[str(packed)],
+                           contracts_path=CONTRACTS_PATH, replay=replay), [])
+    got = read_outputs(tmp_path / "packed")
+    assert got["dead_letter"] and all(d["source"]["file"] == str(packed)
+                                      for d in got["dead_letter"])
+    for dead in got["dead_letter"]:
+        dead["source"]["file"] = str(plain)
+    assert got == expected

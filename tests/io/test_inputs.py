@@ -1,0 +1,83 @@
+"""Input files read the way ``fanin run --input`` and ``fanin publish`` read them
+(``fanin.io.inputs``): compressed files by their suffix, and a clear error for one that cannot
+be decompressed."""
+
+from __future__ import annotations
+
+import base64
+import bz2
+import gzip
+import lzma
+import os
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import zstandard
+
+from fanin.io.inputs import UnreadableInput, check_start, input_lines
+
+CONTENT = b'{"a":1}\r\n\n{"b":2}\nlast line without an ending'
+COMPRESSORS: dict[str, Callable[[bytes], bytes]] = {
+    ".gz": gzip.compress, ".bz2": bz2.compress, ".xz": lzma.compress,
+    ".lzma": lambda data: lzma.compress(data, format=lzma.FORMAT_ALONE),
+    ".deflate": zlib.compress, ".zst": zstandard.ZstdCompressor().compress,
+    ".zstd": zstandard.ZstdCompressor().compress}
+
+
+def read(path: Path) -> list[bytes]:
+    with input_lines(str(path)) as lines:
+        return list(lines)
+
+
+@pytest.mark.parametrize("suffix", sorted(COMPRESSORS))
+def test_a_compressed_file_reads_as_its_content(tmp_path: Path, suffix: str) -> None:
+    plain = tmp_path / "in.jsonl"
+    plain.write_bytes(CONTENT)
+    packed = tmp_path / f"in.jsonl{suffix.upper() if suffix == '.gz' else suffix}"
+    packed.write_bytes(COMPRESSORS[suffix](CONTENT))
+    assert read(packed) == read(plain) == CONTENT.splitlines(keepends=True)
+    check_start(str(packed))  # raises nothing
+
+
+def test_a_file_not_of_its_suffixs_format_is_refused_at_its_start(tmp_path: Path) -> None:
+    path = tmp_path / "in.jsonl.gz"
+    path.write_bytes(CONTENT)
+    message = f"input {path} cannot be decompressed at its start (zlib.error: "
+    with pytest.raises(UnreadableInput) as refused:
+        check_start(str(path))
+    assert str(refused.value).startswith(message)
+    with pytest.raises(UnreadableInput, match="at its start"):
+        read(path)
+
+
+def test_damage_part_of_the_way_names_the_last_line_read(tmp_path: Path) -> None:
+    # Beam decompresses 16 MiB of compressed data at a time: the damage must lie beyond them
+    random = os.urandom(18 << 20)
+    lines = [base64.b64encode(random[i:i + 768]) + b"\n" for i in range(0, len(random), 768)]
+    data = bytearray(gzip.compress(b"".join(lines), compresslevel=1))
+    assert len(data) > 17 << 20
+    data[-(1 << 20):-(1 << 20) + 64] = bytes(64)  # zeros a MiB before the stream's end
+    path = tmp_path / "in.jsonl.gz"
+    path.write_bytes(bytes(data))
+    check_start(str(path))  # the start is fine
+    read_before: list[bytes] = []
+    with pytest.raises(UnreadableInput, match=r"cannot be decompressed after line \d+ \(") as err, \
+            input_lines(str(path)) as stream:
+        read_before.extend(stream)
+    assert f"after line {len(read_before)} (" in str(err.value)
+    assert 0 < len(read_before) < len(lines)
+    assert read_before == lines[:len(read_before)]
+
+
+def test_a_stream_cut_short_ends_where_it_was_cut(tmp_path: Path) -> None:
+    whole = gzip.compress(CONTENT)
+    path = tmp_path / "in.jsonl.gz"
+    path.write_bytes(whole[:len(whole) - 12])  # the stream's end (checksum, size) is cut off
+    got = read(path)
+    assert b"".join(got) == CONTENT[:len(b"".join(got))] and got
+
+
+def test_an_uncompressed_file_is_not_opened_by_the_check(tmp_path: Path) -> None:
+    check_start(str(tmp_path / "absent.jsonl"))  # plain files are read by the job itself
