@@ -168,7 +168,8 @@ def _summary(output: str) -> None:
                         total += sum(1 for _ in handle)
         counts[kind] = total
     parts = " ".join(f"{kind}={n}" for kind, n in counts.items())
-    print(f"fanin: done: {parts}; outputs in {output}/{{closes,late,dead_letter}}/",
+    where = os.path.join(output, "{closes,late,dead_letter}")  # no "//" after "out/"
+    print(f"fanin: done: {parts}; outputs in {where}/",
           file=sys.stderr)
 
 

@@ -134,8 +134,9 @@ def test_cli_runs_and_refuses_bad_use(traffic: dict[str, Path], tmp_path: Path,
     (tmp_path / "not-gzip.jsonl.gz").write_bytes(traffic["arrival"].read_bytes())
     args = ["run", "--input", str(traffic["arrival"]), "--contracts", CONTRACTS_PATH,
             "--output", str(out)]
-    assert main(args) == 0
-    assert "closes=" in capsys.readouterr().err
+    assert main([*args[:-1], f"{out}/"]) == 0  # a trailing "/": no "//" in the summary
+    assert "closes=" in (err := capsys.readouterr().err)
+    assert err.rstrip().endswith(f"; outputs in {out}/{{closes,late,dead_letter}}/")
     assert main(args) == 2  # an earlier run's outputs are not mixed in silently
     assert "--overwrite" in capsys.readouterr().err
     bad = [
