@@ -32,9 +32,7 @@ Source = tuple[str, int]
 
 
 def expand_inputs(patterns: Sequence[str]) -> list[str]:
-    """Every file the patterns match, sorted, de-duplicated; a pattern matching none raises
-    ``FileNotFoundError``, a compressed file whose start cannot be decompressed
-    ``UnreadableInput`` (``check_start``)."""
+    """Every file the patterns match, sorted, de-duplicated; a pattern matching none raises."""
     paths: list[str] = []
     for pattern in patterns:
         if os.path.isdir(pattern):
@@ -45,8 +43,6 @@ def expand_inputs(patterns: Sequence[str]) -> list[str]:
         if not matched:
             raise FileNotFoundError(f"input matches no file: {pattern}")
         paths.extend(sorted(matched))
-    for path in paths:
-        check_start(path)
     return list(dict.fromkeys(paths))
 
 
@@ -58,12 +54,16 @@ def numbered_lines(path: str) -> Iterator[tuple[bytes, Source]]:
 
 
 class ReadNumberedLines(beam.PTransform):
-    """Bounded read of files -> ``(line_bytes, source)``; one element per non-empty line."""
+    """Bounded read of files -> ``(line_bytes, source)``; one element per non-empty line.
+    A compressed file whose start cannot be decompressed raises ``UnreadableInput`` here, when
+    the job is built (``check_start``); the replay's plan reads every line when it is built."""
 
     def __init__(self, paths: Sequence[str]) -> None:
         super().__init__()
         if not paths:
             raise ValueError("ReadNumberedLines needs at least one path")
+        for path in paths:  # the job reads the files; a wrong format is refused before it runs
+            check_start(path)
         self._paths = list(paths)
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection:

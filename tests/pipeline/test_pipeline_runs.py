@@ -153,7 +153,8 @@ def test_cli_runs_and_refuses_bad_use(traffic: dict[str, Path], tmp_path: Path,
         *(["run", "--input", str(traffic["arrival"]), "--output", str(out / "s"), "--replay",
            option, value] for option in ("--max-disorder-s", "--window-s")
           for value in ("inf", "nan", "-1")),
-        ["run", "--input", str(tmp_path / "not-gzip.jsonl.gz"), "--output", str(out / "q")],
+        *(["run", "--input", str(tmp_path / "not-gzip.jsonl.gz"), "--output", str(out / "q"),
+           *replay] for replay in ([], ["--replay"])),
         ["run", "--input", str(traffic["arrival"]), "--output", str(out / "r"),
          "--max-messages-per-join", str(2**63 - 1)],
     ]
