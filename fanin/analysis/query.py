@@ -27,14 +27,22 @@ Read-only guarantee (defence in depth):
    auto-install/auto-load are off. (``allowed_paths`` is deliberately not used: DuckDB lets
    ``COPY ... TO`` overwrite an allowed path.)
 2. ``run_query`` accepts a single ``SELECT`` (DuckDB parses ``WITH``, ``DESCRIBE``, ``SHOW`` and
-   ``SUMMARIZE`` as ``SELECT``) or ``EXPLAIN`` statement and refuses anything else with
-   ``QueryRefused`` before executing it, so not even the in-memory copies can be changed.
+   ``SUMMARIZE`` as ``SELECT``), or ``EXPLAIN [ANALYZE]`` of one, and refuses anything else with
+   ``QueryRefused`` before executing it, so not even the in-memory copies can be changed
+   (``EXPLAIN ANALYZE`` runs the statement it explains: the explained statement is parsed on its
+   own and must be a ``SELECT``).
+
+A folder is an output folder when it holds at least one of ``closes/``, ``late/`` and
+``dead_letter/`` as a folder (a run creates all three, even with no outputs); anything else
+(a kind folder itself, an unrelated folder, ``closes`` as a file) is refused with
+``ValueError`` rather than read as zero rows.
 
 Nested JSON-text fields (``branches[].value``, ``conflicts[].value`` and ``.extra``) stay
 ``VARCHAR``; wrap them in ``json(...)`` to use JSON operators.
 
 ``run_query`` renders ``table`` (aligned text), ``csv`` (RFC 4180, header row, NULL as empty)
-or ``json`` (an array of objects; JSON columns embedded as JSON, times as RFC 3339 UTC text).
+or ``json`` (an array of objects; JSON columns embedded as JSON, times as RFC 3339 UTC text;
+``NaN`` and infinite numbers, which JSON cannot hold, as ``null``).
 ``run_query(..., out=FILE)`` writes the rendered CSV/JSON/table with Python (atomically, to
 exactly that path); DuckDB never writes a file.
 """
@@ -47,7 +55,9 @@ import datetime as dt
 import decimal
 import io
 import json
+import math
 import os
+import re
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -86,14 +96,15 @@ def _output_files(folder: Path, suffix: str) -> list[Path]:
 def _read_jsonl(kind: str, files: Sequence[Path]) -> pa.Table:
     rows = []
     for file in files:
-        with open(file, encoding="utf-8") as fh:
-            for number, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
+        with open(file, "rb") as fh:
+            for number, data in enumerate(fh, 1):
                 try:
-                    rows.append(tables.to_row(kind, json.loads(line)))
-                except ValueError as exc:  # JSONDecodeError is a ValueError
-                    raise ValueError(f"{file}:{number}: {exc}") from None
+                    line = data.decode("utf-8")
+                    if line.strip():
+                        rows.append(tables.to_row(kind, json.loads(line)))
+                except (ValueError, RecursionError) as exc:  # JSON, UTF-8, nesting
+                    reason = "nested too deeply" if isinstance(exc, RecursionError) else exc
+                    raise ValueError(f"{file}:{number}: {reason}") from None
     return pa.Table.from_pylist(rows, schema=tables.schema(kind))
 
 
@@ -137,6 +148,17 @@ def _load(con: duckdb.DuckDBPyConnection, kind: str, folder: Path) -> None:
     con.execute(f'CREATE VIEW "{kind}" AS SELECT {projection} FROM "_{kind}"')  # noqa: S608
 
 
+def _check_layout(root: Path) -> None:
+    """Refuse a folder that is not an output folder (see the module docstring)."""
+    folders = [root / kind for kind in tables.KINDS]
+    for folder in folders:
+        if folder.exists() and not folder.is_dir():
+            raise ValueError(f"{folder} is not a folder: not an output folder")
+    if not any(folder.is_dir() for folder in folders):
+        raise ValueError(f"{root} is not an output folder: it has no closes/, late/ or "
+                         "dead_letter/ folder")
+
+
 def open_outputs(directory: str | os.PathLike[str]) -> duckdb.DuckDBPyConnection:
     """Locked-down in-memory connection with views ``closes``, ``late``, ``dead_letter``.
 
@@ -146,6 +168,7 @@ def open_outputs(directory: str | os.PathLike[str]) -> duckdb.DuckDBPyConnection
     root = Path(directory)
     if not root.is_dir():
         raise FileNotFoundError(f"no such output directory: {root}")
+    _check_layout(root)
     con = duckdb.connect(
         ":memory:",
         config={"autoinstall_known_extensions": False, "autoload_known_extensions": False},
@@ -162,6 +185,24 @@ def open_outputs(directory: str | os.PathLike[str]) -> duckdb.DuckDBPyConnection
     return con
 
 
+# what may stand between EXPLAIN's parts: white space and comments
+_GAP = re.compile(r"(?:\s+|--[^\n]*|/\*.*?\*/)*", re.DOTALL)
+_EXPLAIN_PARTS = (re.compile(r"explain\b", re.IGNORECASE),
+                  re.compile(r"analy[sz]e\b", re.IGNORECASE),
+                  re.compile(r"\([^()]*\)"))  # options: (FORMAT JSON), (ANALYZE), ...
+
+
+def _explained(sql: str) -> str:
+    """The statement an ``EXPLAIN`` statement explains: ``sql`` after ``EXPLAIN``, an
+    optional ``ANALYZE`` and an optional list of options (and the comments between them)."""
+    pos = _GAP.match(sql).end()  # type: ignore[union-attr]  # matches the empty string
+    for part in _EXPLAIN_PARTS:
+        found = part.match(sql, pos)
+        if found is not None:
+            pos = _GAP.match(sql, found.end()).end()  # type: ignore[union-attr]
+    return sql[pos:]
+
+
 def _check_read_only(con: duckdb.DuckDBPyConnection, sql: str) -> None:
     statements = con.extract_statements(sql)
     if len(statements) != 1:
@@ -169,12 +210,22 @@ def _check_read_only(con: duckdb.DuckDBPyConnection, sql: str) -> None:
     kind = statements[0].type
     if kind not in _ALLOWED:
         raise QueryRefused(f"only SELECT or EXPLAIN is allowed, not {kind.name}")
+    if kind == duckdb.StatementType.EXPLAIN:
+        try:
+            inner = con.extract_statements(_explained(statements[0].query))
+        except duckdb.Error:
+            inner = []
+        if len(inner) != 1 or inner[0].type != duckdb.StatementType.SELECT:
+            raise QueryRefused("EXPLAIN is allowed only of a SELECT (EXPLAIN ANALYZE runs "
+                               "the statement it explains)")
 
 
 def _to_json(value: Any, json_text: bool = False) -> Any:
     """A JSON-native rendering of a DuckDB result value (times as RFC 3339 UTC)."""
     if json_text and isinstance(value, str):
         return json.loads(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return None  # JSON has no NaN or infinity
     if isinstance(value, dt.datetime):
         if value.tzinfo is None:
             value = value.replace(tzinfo=dt.timezone.utc)
@@ -193,13 +244,16 @@ def _to_json(value: Any, json_text: bool = False) -> Any:
 
 
 def _cell(value: Any, null: str) -> str:
+    if isinstance(value, float) and not math.isfinite(value):
+        return json.dumps(value)  # NaN, Infinity, -Infinity: text, not NULL
     value = _to_json(value)
     if value is None:
         return null
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
-def _render(names: Sequence[str], types: Sequence[str], rows: Sequence[tuple], fmt: str) -> str:
+def _render(names: Sequence[str], types: Sequence[str], rows: Sequence[tuple[Any, ...]],
+            fmt: str) -> str:
     """Render a result as ``table`` (aligned text), ``csv`` (RFC 4180) or ``json`` (array)."""
     if fmt == "json":
         flags = [t == "JSON" for t in types]

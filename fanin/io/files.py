@@ -23,7 +23,7 @@ from typing import BinaryIO
 __all__ = ["atomic_move", "atomic_write"]
 
 
-def atomic_write(path: str | os.PathLike[str], write: Callable[[BinaryIO], None]) -> None:
+def atomic_write(path: str | os.PathLike[str], write: Callable[[BinaryIO], object]) -> None:
     """Create or replace ``path`` atomically with what ``write`` writes to the file handle."""
     name = os.fspath(path)
     tmp = f"{name}.tmp-{uuid.uuid4().hex}"
@@ -63,7 +63,7 @@ def _sync_folder(folder: Path) -> None:
         os.close(handle)
 
 
-def _remote(name: str, tmp: str, write: Callable[[BinaryIO], None]) -> None:
+def _remote(name: str, tmp: str, write: Callable[[BinaryIO], object]) -> None:
     from apache_beam.io.filesystems import FileSystems
 
     try:

@@ -259,6 +259,13 @@ REFUSED = [
     "CREATE TABLE t AS SELECT 1",
     "DELETE FROM _closes",
     "SELECT 1; SELECT 2",
+    # EXPLAIN ANALYZE runs what it explains
+    "EXPLAIN ANALYZE DELETE FROM _closes",
+    "explain analyse insert into _late select * from _late",
+    "/* a */ EXPLAIN -- b\n /* c */ ANALYZE\n DROP VIEW closes",
+    "EXPLAIN (ANALYZE) CREATE TABLE t AS SELECT 1",
+    "EXPLAIN ANALYZE (FORMAT JSON) DELETE FROM _closes",
+    "EXPLAIN ANALYZE COPY (SELECT 1) TO '{target}'",
 ]
 
 
@@ -283,6 +290,21 @@ def test_locked_connection_cannot_touch_files(tmp_path: Path, sql: str) -> None:
     assert not (tmp_path / "x.csv").exists()
     assert pq.read_table(existing).num_rows > 0
     assert con.execute("SELECT count(*) FROM closes").fetchone()[0] == 5  # views still work
+
+
+def test_explain_of_a_select_runs_and_explain_analyze_changes_nothing(tmp_path: Path) -> None:
+    write_parquet(tmp_path, sample(5))
+    for sql, plan in (("EXPLAIN SELECT count(*) FROM closes", "physical_plan"),
+                      ("/* plan */ explain analyze select count(*) from closes", "analyzed_plan"),
+                      ("EXPLAIN (FORMAT JSON) SELECT * FROM late", "physical_plan")):
+        rows = list(csv.reader(io.StringIO(query.run_query(tmp_path, sql, "csv"))))
+        assert rows[0] == ["explain_key", "explain_value"] and rows[1][0] == plan, sql
+    con = query.open_outputs(tmp_path)
+    for sql in REFUSED:
+        if sql.startswith("EXPLAIN") or "explain" in sql:
+            with pytest.raises(query.QueryRefused, match="EXPLAIN is allowed only of a SELECT"):
+                query._check_read_only(con, sql.format(target=tmp_path / "x.csv"))
+    assert con.execute("SELECT count(*) FROM closes").fetchone() == (5,)
 
 
 def test_file_readers_are_disabled(tmp_path: Path) -> None:
@@ -311,6 +333,47 @@ def test_csv_json_table_and_out(tmp_path: Path) -> None:
         "closes", "dead_letter", "late", "res.json"]
 
 
+def test_json_has_no_nan_or_infinity(tmp_path: Path) -> None:
+    """JSON cannot hold NaN or infinities: they are null there; csv and table show them."""
+    write_jsonl(tmp_path, sample(5))
+    sql = ("SELECT 'nan'::DOUBLE AS a, 1 / 0.0 AS b, -1 / 0.0 AS c, ['nan'::DOUBLE, 2.5] AS d, "
+           "0.5 AS e")
+    text = query.run_query(tmp_path, sql, "json")
+    assert json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in JSON")) == [
+        {"a": None, "b": None, "c": None, "d": [None, 2.5], "e": 0.5}]
+    assert query.run_query(tmp_path, sql, "csv").splitlines()[1].split(",")[:3] == [
+        "NaN", "Infinity", "-Infinity"]
+
+
+def test_a_folder_that_is_not_an_output_is_refused(tmp_path: Path) -> None:
+    write_jsonl(tmp_path / "out", sample(5))
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("x\n")
+    (tmp_path / "file-kind").mkdir()
+    (tmp_path / "file-kind" / "closes").write_text("")
+    (tmp_path / "file-kind" / "late").mkdir()
+    for folder, message in ((tmp_path / "other", "not an output folder: it has no closes/"),
+                            (tmp_path / "out" / "closes", "not an output folder: it has no"),
+                            (tmp_path / "file-kind", r"closes is not a folder")):
+        with pytest.raises(ValueError, match=message):
+            query.open_outputs(folder)
+        with pytest.raises(ValueError, match=message):
+            report.build_report(folder)
+
+
+@pytest.mark.parametrize(("data", "message"), [
+    (b"\xff\xfe{}\n", "a.jsonl:1: 'utf-8' codec can't decode"),
+    (HAND_LATE.encode() + b"\n" + b"[" * 5000 + b"]" * 5000 + b"\n",
+     "a.jsonl:2: nested too deeply"),
+])
+def test_unreadable_output_line_names_file_and_line(tmp_path: Path, data: bytes,
+                                                    message: str) -> None:
+    (tmp_path / "late").mkdir()
+    (tmp_path / "late" / "a.jsonl").write_bytes(data)
+    with pytest.raises(ValueError, match=message):
+        query.open_outputs(tmp_path)
+
+
 def _cli(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="fanin")
     cli.add_subcommand(parser.add_subparsers())
@@ -324,6 +387,9 @@ def test_cli_errors_are_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFi
              ["query", str(tmp_path), "SELEC 1"],
              ["query", str(tmp_path), "SELECT * FROM nowhere"],
              ["query", str(tmp_path), "COPY (SELECT 1) TO 'x.csv'"],
+             ["query", str(tmp_path), "EXPLAIN ANALYZE DELETE FROM _closes"],
+             ["query", str(tmp_path / "closes"), "SELECT 1"],
+             ["report", str(tmp_path / "late")],
              ["report", str(tmp_path / "nope")]]
     for argv in cases:
         assert _cli(argv) == 2
@@ -376,6 +442,8 @@ def test_report_every_chart_has_data(tmp_path: Path) -> None:
 
 
 def test_report_empty_shows_no_data(tmp_path: Path) -> None:
+    for kind in tables.KINDS:  # what a run over no input leaves
+        (tmp_path / kind).mkdir()
     rep = report.build_report(tmp_path)
     path = tmp_path / "empty.html"
     report.write_html(rep, path)
