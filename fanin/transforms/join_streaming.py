@@ -96,7 +96,11 @@ class JoinDoFn(_Counting):
       when the watermark passes ``D`` (timers are set 1 ms after the time they decide, so a
       record with event time exactly ``D`` is still included).
     - A join closes at most once while its tombstone lives (until the watermark passes
-      ``D + retention_s``). Records for a tombstoned join go to ``late``.
+      ``D + retention_s``). Records for a tombstoned join with event time up to the
+      tombstone's end go to ``late``; later ones (received before the watermark passed that
+      end: a disorder allowance, or received before the close) wait in the bag and start the
+      next join when ``EXPIRE`` fires, as in the bounded plan; one that does not fit the
+      per-join limits there is ``join_too_large``.
     - A tombstone is dropped by its ``EXPIRE`` timer, except one that ends at or after
       ``input_end_ms``: no record can arrive after the watermark passed its end, so dropping
       it cannot change any output, and it stays (without a timer) until the job ends. On a
@@ -209,15 +213,16 @@ class JoinDoFn(_Counting):
                 self._cache.pop(join_id, None)
                 msgs.clear()
                 decide_timer.clear()
-                # records already here but after the tombstone's end: late as well (a stream
-                # that delivers them after the tombstone expired starts the next join)
-                outputs += [(LATE, late_object(r, late_reason(r[R.TIME], outcome.deadline),
-                                               outcome.reason)) for r in outcome.reopened]
+                # records already here but after the tombstone's end wait in the bag for it
+                # to expire: they start the next join (as in the bounded plan)
+                for record in outcome.reopened:
+                    msgs.add(record)
                 expiry = outcome.tombstone_end
-                meta.write([epoch, 0, horizon, None,
+                meta.write([epoch, len(outcome.reopened), horizon, None,
                             [outcome.reason, outcome.closed_at, outcome.deadline, expiry], None,
-                            0])
-                if self._input_end_ms is None or expiry + 1 <= self._input_end_ms:
+                            sum(message_bytes(r) for r in outcome.reopened)])
+                if self._input_end_ms is None or expiry + 1 <= self._input_end_ms or \
+                        outcome.reopened:
                     self._set(expire_timer, expiry + 1)
                 yield from self._emit(outputs)
                 return
@@ -276,6 +281,29 @@ class JoinDoFn(_Counting):
         else:
             yield from self._emit(rejected_outputs([record], "join_too_large", TOO_LARGE_DETAIL))
 
+    def _tombstoned(self, record: R.Record, value: list[Any], tomb: list[Any], msgs: Any,
+                    meta: Any, expire_timer: Any) -> Iterator[Any]:
+        """A record for a closed join. Up to the tombstone's end it is late. After it, it
+        belongs to the next join, which starts when the watermark passes that end: the record
+        waits in the bag for ``EXPIRE`` (``on_expire`` decides the next join), within the
+        per-join limits; one that does not fit is ``join_too_large``."""
+        close_reason, _, deadline, expiry = tomb
+        time = record[R.TIME]
+        if time <= expiry:
+            yield from self._emit([(LATE, _core(late_object, record,
+                                                late_reason(time, deadline), close_reason))])
+            return
+        size = value[BYTES] + message_bytes(record)
+        if value[COUNT] >= self._max_messages or (value[COUNT] and size > self._max_bytes):
+            yield from self._emit(rejected_outputs([record], "join_too_large", TOO_LARGE_DETAIL))
+            return
+        msgs.add(record)
+        self._holding = True
+        value[COUNT] += 1
+        value[BYTES] = size
+        meta.write(value)
+        self._set(expire_timer, expiry + 1)  # set already unless it ends after the input
+
     def _poisoned(self, join_id: str, extra: list[R.Record], failed: _JoinFailed, msgs: Any,
                   meta: Any, decide_timer: Any, expire_timer: Any) -> Iterator[Any]:
         """The core failed on this join: every record it holds, and ``extra`` (the arriving
@@ -312,10 +340,7 @@ class JoinDoFn(_Counting):
             value = [random.getrandbits(62), 0, _NO_HORIZON, None, None, None, 0]
         tomb = value[TOMB]
         if tomb is not None:
-            close_reason, _, deadline, _ = tomb
-            late = _core(late_object, record, late_reason(record[R.TIME], deadline),
-                         close_reason)
-            yield from self._emit([(LATE, late)])
+            yield from self._tombstoned(record, value, tomb, msgs, meta, expire_timer)
             return
         epoch, count, horizon, wake = value[EPOCH], value[COUNT], value[HORIZON], value[WAKE]
         size = value[BYTES] + message_bytes(record)

@@ -40,7 +40,8 @@ def _stamp(message: dict[str, Any]) -> float:
 
 
 def run_stream(events: Sequence[Event], checks: dict[str, Callable[[list[Any]], None]],
-               project: dict[str, Callable[[dict[str, Any]], Any]]) -> None:
+               project: dict[str, Callable[[dict[str, Any]], Any]],
+               max_messages: int = 100_000) -> None:
     """Replay ``events`` through Parse + streaming Join; ``checks`` run on projected outputs."""
     stream = TestStream()
     for kind, arg in events:
@@ -55,7 +56,8 @@ def run_stream(events: Sequence[Event], checks: dict[str, Callable[[list[Any]], 
     catalog = make_catalog()
     with TestPipeline(options=options) as p:
         parsed = p | stream | ParseMessages(frozenset(catalog.contracts))
-        joined = parsed.records | JoinRecords(catalog, streaming=True)
+        joined = parsed.records | JoinRecords(catalog, streaming=True,
+                                              max_messages_per_join=max_messages)
         outputs = {CLOSES: joined[CLOSES], LATE: joined[LATE],
                    DEAD_LETTER: (joined[DEAD_LETTER], parsed[DEAD_LETTER]) | beam.Flatten()}
         for name, check in checks.items():
@@ -69,7 +71,7 @@ def close_key(close: dict[str, Any]) -> tuple[Any, ...]:
 
 
 def late_key(line: dict[str, Any]) -> tuple[Any, ...]:
-    return (line["join_id"], line["reason"], line["close_reason"], line["message"]["branch"])
+    return (line["join_id"], line["reason"], line["close_reason"], line["message"].get("branch"))
 
 
 PROJECT = {CLOSES: close_key, LATE: late_key, DEAD_LETTER: lambda d: (d["error"],)}
@@ -126,6 +128,46 @@ def test_tombstone_expires_after_deadline_plus_retention() -> None:
          add(open_msg(at=16, contract="short"), receipt("a", 16), receipt("b", 17))],
         {CLOSES: equal_to([("j", "complete", "00:00:02", 3), ("j", "complete", "00:00:17", 3)]),
          LATE: equal_to([("j", "after_deadline", "complete", "a")])}, PROJECT)
+
+
+def test_a_straggler_after_the_tombstone_starts_the_next_join_while_the_watermark_lags(
+        ) -> None:
+    # contract "short": tombstone until 15 s. The next join's messages (16-17 s) arrive while
+    # the watermark is still at 12 s (a disorder allowance): they wait for the tombstone to
+    # expire and close as the second join, as in the bounded plan; a@14 is late.
+    run_stream(
+        [add(open_msg(contract="short"), receipt("a", 1), receipt("b", 2)), watermark(12),
+         add(open_msg(at=16, contract="short"), receipt("a", 16), receipt("a", 14, value="x"),
+             receipt("b", 17)),
+         watermark(30)],
+        {CLOSES: equal_to([("j", "complete", "00:00:02", 3), ("j", "complete", "00:00:17", 3)]),
+         LATE: equal_to([("j", "after_deadline", "complete", "a")])}, PROJECT)
+
+
+def test_messages_after_the_tombstone_received_before_the_close_start_the_next_join(
+        ) -> None:
+    # everything arrives before the watermark moves: the first join closes at 2 s when the
+    # watermark passes it; the messages after its tombstone (15 s) are the next join's
+    run_stream(
+        [add(open_msg(contract="short"), receipt("a", 1), receipt("b", 2),
+             open_msg(at=16, contract="short"), receipt("a", 16), receipt("b", 17),
+             receipt("b", 12, value="y")),
+         watermark(30)],
+        {CLOSES: equal_to([("j", "complete", "00:00:02", 3), ("j", "complete", "00:00:17", 3)]),
+         LATE: equal_to([("j", "after_deadline", "complete", "b")])}, PROJECT)
+
+
+def test_the_next_join_waiting_for_the_tombstone_keeps_the_per_join_limit() -> None:
+    # limit 3: the next join's first three messages wait for the tombstone (15 s) to expire;
+    # a fourth cannot be held meanwhile: join_too_large (docs/spec.md §4, Tombstones)
+    run_stream(
+        [add(open_msg(contract="short"), receipt("a", 1), receipt("b", 2)), watermark(12),
+         add(open_msg(at=16, contract="short"), receipt("a", 16), receipt("b", 17),
+             receipt("a", 18, attempt=2)),
+         watermark(30)],
+        {CLOSES: equal_to([("j", "complete", "00:00:02", 3), ("j", "complete", "00:00:17", 3)]),
+         LATE: equal_to([]), DEAD_LETTER: equal_to([("join_too_large",)])}, PROJECT,
+        max_messages=3)
 
 
 def test_receipts_before_their_open_and_out_of_order_delivery() -> None:
