@@ -62,8 +62,10 @@ _DECODER = json.JSONDecoder(
 
 
 def _check(value: Any, depth: int) -> None:
-    """Depth and surrogate check; only called when the text could contain either problem."""
-    if depth > MAX_DEPTH:
+    """Depth and surrogate check; only called when the text could contain either problem.
+    ``depth``: the containers around ``value``; more than ``MAX_DEPTH`` containers nested
+    are refused, whatever the innermost one holds (a scalar is not a level)."""
+    if isinstance(value, (dict, list)) and depth >= MAX_DEPTH:
         raise JSONRefused(f"nesting deeper than {MAX_DEPTH}")
     if isinstance(value, dict):
         for name, item in value.items():
