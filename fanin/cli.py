@@ -150,23 +150,35 @@ def _run(args: argparse.Namespace, beam_args: Sequence[str]) -> int:
             NotImplementedError) as exc:
         print(f"fanin: error: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 2
-    if "://" not in args.output and "jsonl" in config.formats:
-        _summary(args.output)
+    if "://" not in args.output:
+        _summary(args.output, "jsonl" in config.formats)
     return 0
 
 
-def _summary(output: str) -> None:
+def _written(folder: str, jsonl: bool) -> int:
+    """Outputs in ``folder``: lines of its JSONL files, else rows of its Parquet files (closes
+    are in date partitions); hidden (temporary) files are not counted."""
+    total = 0
+    for root, dirs, files in os.walk(folder):
+        dirs[:] = [d for d in dirs if not d.startswith((".", "_"))]
+        for name in files:
+            path = os.path.join(root, name)
+            if name.startswith((".", "_")):
+                continue
+            if jsonl and name.endswith(".jsonl"):
+                with open(path, "rb") as handle:
+                    total += sum(1 for _ in handle)
+            elif not jsonl and name.endswith(".parquet"):
+                import pyarrow.parquet as pq  # loaded by the run that wrote Parquet
+
+                total += pq.read_metadata(path).num_rows
+    return total
+
+
+def _summary(output: str, jsonl: bool) -> None:
     """One line: what the run wrote (counted from the files, which every runner honours)."""
-    counts = {}
-    for kind in ("closes", "late", "dead_letter"):
-        folder = os.path.join(output, kind)
-        total = 0
-        if os.path.isdir(folder):
-            for name in os.listdir(folder):
-                if name.endswith(".jsonl"):
-                    with open(os.path.join(folder, name), "rb") as handle:
-                        total += sum(1 for _ in handle)
-        counts[kind] = total
+    counts = {kind: _written(os.path.join(output, kind), jsonl)
+              for kind in ("closes", "late", "dead_letter")}
     parts = " ".join(f"{kind}={n}" for kind, n in counts.items())
     where = os.path.join(output, "{closes,late,dead_letter}")  # no "//" after "out/"
     print(f"fanin: done: {parts}; outputs in {where}/",

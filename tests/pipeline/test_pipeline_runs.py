@@ -128,6 +128,20 @@ def test_same_input_twice_gives_byte_identical_files(traffic: dict[str, Path],
         assert one == two and one
 
 
+def test_summary_line_counts_parquet_only_outputs(traffic: dict[str, Path], tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """With --format parquet alone the summary counts the Parquet rows (closes in date
+    partitions), the same numbers as the JSONL lines of a JSONL run."""
+    counts = {}
+    for fmt in ("jsonl", "parquet"):
+        assert main(["run", "--input", str(traffic["arrival"]), "--contracts", CONTRACTS_PATH,
+                     "--output", str(tmp_path / fmt), "--format", fmt]) == 0
+        line = capsys.readouterr().err.rstrip().splitlines()[-1]
+        assert line.startswith("fanin: done: closes="), line
+        counts[fmt] = line.split(";")[0]
+    assert counts["parquet"] == counts["jsonl"] and "closes=0 " not in counts["jsonl"]
+
+
 def test_cli_runs_and_refuses_bad_use(traffic: dict[str, Path], tmp_path: Path,
                                       capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "cli"
