@@ -7,15 +7,16 @@ Guarantees:
   meta-schema (a remote ``https://`` ref is refused, never fetched).
 - ``validator_for(schema)`` resolves references only inside the schema (and the meta-schemas):
   nothing is ever retrieved from the network (jsonschema's default registry would fetch).
-- ``multipleOf`` never raises: when a number is too large for a double (an integer of
-  hundreds of digits against a fractional divisor), it is checked exactly against the
-  divisor's double value with fractions (jsonschema's own fallback when the float quotient
-  overflows), so such a number is almost always a violation.
+- ``multipleOf`` is exact on the numbers' decimal values (a float by its shortest decimal
+  form, ``repr``; an integer of any size as it is), as JSON Schema defines it: ``19.99`` is a
+  multiple of ``0.01`` and ``0.3`` of ``0.1`` (jsonschema's float division says neither), an
+  integer of hundreds of digits is checked like any other, and the check never raises.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from decimal import Decimal
 from fractions import Fraction
 from typing import Any
 from urllib.parse import urljoin
@@ -38,13 +39,15 @@ def _refuse(uri: str) -> Resource:
     raise NoSuchResource(uri)
 
 
+def _exact(number: int | float) -> Fraction:
+    """The decimal value of a JSON number as parsed: a float by its shortest form."""
+    return Fraction(Decimal(repr(number))) if isinstance(number, float) else Fraction(number)
+
+
 def _multiple_of(validator: Any, divisor: Any, instance: Any, schema: Any) -> Iterator[Any]:
-    try:
-        yield from _BASE.VALIDATORS["multipleOf"](validator, divisor, instance, schema)
-    except OverflowError:  # int / float beyond a double's range
-        if (Fraction(instance) / Fraction(divisor)).denominator != 1:
-            yield jsonschema.ValidationError(f"a number beyond double range is not a multiple "
-                                             f"of {divisor!r}")
+    if validator.is_type(instance, "number") and \
+            (_exact(instance) / _exact(divisor)).denominator != 1:
+        yield jsonschema.ValidationError(f"{instance!r} is not a multiple of {divisor!r}")
 
 
 _Validator = validators.extend(_BASE, {"multipleOf": _multiple_of})

@@ -20,6 +20,7 @@ contracts:
     required: [pay]
     schemas:
       amount: {multipleOf: 0.01}
+      parity: {multipleOf: 2}
 """
 
 
@@ -41,16 +42,21 @@ def _one_error_line(capsys: pytest.CaptureFixture[str], prefix: str) -> str:
 
 
 @pytest.mark.parametrize("mode", [[], ["--replay"]], ids=["bounded", "replay"])
-def test_a_huge_number_against_multiple_of_is_a_schema_violation(tmp_path: Path,
-                                                                  mode: list[str]) -> None:
+def test_multiple_of_is_exact_on_decimal_values_of_any_size(tmp_path: Path,
+                                                              mode: list[str]) -> None:
+    """An integer of 400 digits is a multiple of 0.01 and not of 2 (it is odd); 19.99 is a
+    multiple of 0.01, 0.015 is not (float division calls 19.99 a violation)."""
     contracts = tmp_path / "contracts.yaml"
     contracts.write_text(CONTRACTS)
-    lines = [_open("big", contract="money"), _receipt("big", "pay", HUGE, key="amount"),
-             _open("fine", required=["a"]), _receipt("fine", "a")]
+    values = {"big": (HUGE, "amount"), "odd": (HUGE, "parity"), "cents": ("19.99", "amount"),
+              "half": ("0.015", "amount")}
+    lines = [line for join_id, (value, key) in values.items()
+             for line in (_open(join_id, contract="money"),
+                          _receipt(join_id, "pay", value, key=key))]
     found = run_cli(lines, tmp_path, "--contracts", str(contracts), *mode)
-    closes = {c["join_id"]: c for c in found["closes"]}
-    assert closes["fine"]["reason"] == "complete"
-    assert [c["kind"] for c in closes["big"]["conflicts"]] == ["schema_violation"]
+    conflicts = {c["join_id"]: [k["kind"] for k in c["conflicts"]] for c in found["closes"]}
+    assert conflicts == {"big": [], "odd": ["schema_violation"], "cents": [],
+                         "half": ["schema_violation"]}
     assert accounted(found) == messages(lines)
 
 
