@@ -270,10 +270,18 @@ def build(p: beam.Pipeline, config: RunConfig, catalog: Catalog,
     return outputs
 
 
-def _prepare_output(output: str, overwrite: bool) -> None:
+def _prepare_output(output: str, overwrite: bool, inputs: Sequence[str] = ()) -> None:
     """Create the three folders; refuse to mix with an earlier run's files unless asked, and
-    refuse (``ConfigError``) a path that is a file where a folder must be, or any folder that
-    cannot be created."""
+    refuse (``ConfigError``) a path that is a file where a folder must be, any folder that
+    cannot be created, or ``--overwrite`` of a folder that holds one of the run's ``inputs``
+    (it would delete the input before reading it): nothing is deleted then."""
+    for kind in (CLOSES, LATE, DEAD_LETTER):
+        folder = os.path.realpath(os.path.join(output, kind))
+        for path in inputs:
+            if "://" not in path and \
+                    os.path.commonpath([folder, os.path.realpath(path)]) == folder:
+                raise ConfigError(f"--input {path} is in {os.path.join(output, kind)}, which "
+                                  "this run replaces with its outputs; move it out first")
     for kind in (CLOSES, LATE, DEAD_LETTER):
         folder = os.path.join(output, kind)
         for path in (output, folder):
@@ -376,7 +384,8 @@ def run_pipeline(config: RunConfig, beam_args: Sequence[str],
     drain = Drain() if config.subscription or config.topic else None
     build(p, config, catalog, drain)  # a missing input is reported here, before anything is written
     if "://" not in config.output:
-        _prepare_output(config.output, config.overwrite)
+        _prepare_output(config.output, config.overwrite,
+                        expand_inputs(config.inputs) if config.inputs else ())
     _LOG.info("fanin: runner %s, %s input", runner,
               "streaming" if config.streaming else "bounded")
     if config.streaming and runner.endswith("PrismRunner"):

@@ -142,6 +142,25 @@ def test_summary_line_counts_parquet_only_outputs(traffic: dict[str, Path], tmp_
     assert counts["parquet"] == counts["jsonl"] and "closes=0 " not in counts["jsonl"]
 
 
+@pytest.mark.parametrize("mode", [[], ["--replay"]], ids=["bounded", "replay"])
+def test_overwrite_never_deletes_an_input(traffic: dict[str, Path], tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str],
+                                          mode: list[str]) -> None:
+    """An input inside an output folder the run would replace: one line, exit 2, nothing
+    deleted (it was deleted before the read, and the run failed with tracebacks)."""
+    out = tmp_path / "out"
+    assert main(["run", "--input", str(traffic["arrival"]), "--contracts", CONTRACTS_PATH,
+                 "--output", str(out)]) == 0
+    capsys.readouterr()
+    before = {p: p.read_bytes() for p in out.rglob("*.jsonl")}
+    assert main(["run", "--input", str(out / "dead_letter" / "*.jsonl"), "--contracts",
+                 CONTRACTS_PATH, "--output", str(out), "--overwrite", *mode]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("fanin: error: --input ") and "move it out first" in err[-1]
+    assert not any("Traceback" in line for line in err)
+    assert {p: p.read_bytes() for p in out.rglob("*.jsonl")} == before
+
+
 def test_cli_runs_and_refuses_bad_use(traffic: dict[str, Path], tmp_path: Path,
                                       capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "cli"
