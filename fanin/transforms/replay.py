@@ -210,8 +210,10 @@ class Replay(beam.PTransform):
             since += 1
             if join_id is not None and times:
                 earliest[join_id] = min(earliest.get(join_id, min(times)), *times)
-        # deadlines are capped at the end of year 9999, so no timer is later than that + horizon
-        final = min(max(max_seen or 0, latest) + longest, MAX_MS) + horizon_ms + 1
+        # deadlines are capped at the end of year 9999 (MAX_MS), so no decision timer is later
+        # than MAX_MS + 1 (a horizon of a huge deadline_s would pass Beam's largest timestamp)
+        final = min(min(max(max_seen or 0, latest) + longest, MAX_MS) + horizon_ms + 1,
+                    MAX_MS + 2)
         flush(None)
         end = max(final, watermark or final)
         stream.advance_watermark_to(_stamp(end))

@@ -60,6 +60,20 @@ def test_multiple_of_is_exact_on_decimal_values_of_any_size(tmp_path: Path,
     assert accounted(found) == messages(lines)
 
 
+@pytest.mark.parametrize("mode", [[], ["--replay"]], ids=["bounded", "replay"])
+def test_a_deadline_beyond_year_9999_closes_at_the_cap(tmp_path: Path, mode: list[str]) -> None:
+    """deadline_s 1e13 (default and open): D is capped at the end of year 9999, where the
+    join times out; the replay's last watermark stays within Beam's timestamps (it raised
+    'Watermark must strictly-monotonically advance')."""
+    lines = [_open("far", required=["pay", "ship"], deadline_s=10**13),
+             _receipt("far", "pay"), _open("dflt", required=["a", "b"]), _receipt("dflt", "a")]
+    found = run_cli(lines, tmp_path, "--deadline-s", "1e13", *mode)
+    assert sorted((c["join_id"], c["reason"], c["closed_at"]) for c in found["closes"]) == [
+        ("dflt", "timeout", "9999-12-31T23:59:59.999Z"),
+        ("far", "timeout", "9999-12-31T23:59:59.999Z")]
+    assert accounted(found) == messages(lines)
+
+
 @pytest.mark.parametrize("ref", ["#/$defs/nope", "https://example.com/schemas/amount.json",
                                  "other.json#/x"])
 def test_a_contract_with_an_unresolvable_ref_is_refused_at_load(
