@@ -3,9 +3,12 @@
 Guarantees:
 - ``load_contracts`` reads YAML with a safe loader from a local path or any path Beam's
   FileSystems read; a bad file raises ``ContractsError`` whose message names the file, the
-  contract (by name or position) and the field. A schema must be valid draft 2020-12 and
-  every ``$ref`` in it must resolve within it: an unresolvable or remote reference is refused
-  here, at load, and nothing is ever fetched (``fanin.contracts.schemas``).
+  contract (by name or position) and the field. The document must be JSON: a key repeated
+  in a mapping (YAML would keep the last one silently), a non-string key, a date, bytes, a
+  set, NaN or an infinity anywhere is refused, as is nesting too deep to read. A schema must
+  be valid draft 2020-12 and every ``$ref`` in it must resolve within it: an unresolvable or
+  remote reference, or a ``$ref`` cycle, is refused here, at load, and nothing is ever fetched
+  (``fanin.contracts.schemas``).
 - ``Catalog.definition`` resolves each of ``required``, ``optional``, ``deadline_s``,
   ``allow_partial``, ``fail_fast`` from the open, else the contract, else the defaults; and
   ``close_trigger``, ``retention_s`` and ``schemas`` from the contract, else the defaults. Equal
@@ -15,7 +18,7 @@ Guarantees:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -196,12 +199,75 @@ def _describe(loc: tuple[Any, ...]) -> str:
     return ".".join(str(part) for part in loc) or "(contract)"
 
 
-def parse_contracts(text: str, origin: str = "<contracts>") -> dict[str, Contract]:
-    """Parse the YAML text of a contracts file into contracts by name."""
+class _JSONLoader(yaml.SafeLoader):  # type: ignore[misc]  # yaml has no stubs here
+    """YAML's safe loader that refuses a key repeated in one mapping (merge keys ``<<``
+    excepted: their keys may be overridden, as YAML defines)."""
+
+
+def _construct_mapping(loader: _JSONLoader, node: yaml.MappingNode) -> Any:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue
+        key = loader.construct_object(key_node, deep=True)
+        if not isinstance(key, Hashable):
+            continue  # a list as a key: refused as a non-string key after the load
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"repeated key {key!r}", key_node.start_mark)
+        seen.add(key)
+    yield from loader.construct_yaml_map(node)
+
+
+_JSONLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def _not_json(value: Any, path: str, seen: set[int]) -> str | None:
+    """Where ``value`` holds something JSON cannot (None if nothing): ``path: what``. A
+    container YAML shares by alias is looked at once (``seen``: ids of those looked at)."""
+    if isinstance(value, (dict, list)):
+        if id(value) in seen:
+            return None
+        seen.add(id(value))
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                return f"{path or '(top)'}: key {key!r} is not a string"
+            found = _not_json(item, f"{path}.{key}" if path else key, seen)
+            if found:
+                return found
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            found = _not_json(item, f"{path}[{i}]", seen)
+            if found:
+                return found
+    elif isinstance(value, float) and not math.isfinite(value):
+        return f"{path}: {value!r} is not a JSON number"
+    elif value is not None and not isinstance(value, (str, int, float, bool)):
+        return f"{path}: a {type(value).__name__} is not a JSON value"
+    return None
+
+
+def _load_document(text: str, origin: str) -> Any:
+    """The YAML document of a contracts file, refused (``ContractsError``) unless it is JSON."""
     try:
-        document = yaml.safe_load(text)
+        document = yaml.load(text, Loader=_JSONLoader)  # noqa: S506 (a SafeLoader)
+        problem = _not_json(document, "", set())
+    except yaml.MarkedYAMLError as exc:
+        where = f" (line {exc.problem_mark.line + 1})" if exc.problem_mark else ""
+        raise ContractsError(f"{origin}: not valid YAML: {exc.problem}{where}") from None
     except yaml.YAMLError as exc:
         raise ContractsError(f"{origin}: not valid YAML: {exc}".replace("\n", " ")) from None
+    except RecursionError:
+        raise ContractsError(f"{origin}: nested too deeply") from None
+    if problem:
+        raise ContractsError(f"{origin}: not JSON: {problem}")
+    return document
+
+
+def parse_contracts(text: str, origin: str = "<contracts>") -> dict[str, Contract]:
+    """Parse the YAML text of a contracts file into contracts by name."""
+    document = _load_document(text, origin)
     if not isinstance(document, dict) or not isinstance(document.get("contracts"), list):
         raise ContractsError(f"{origin}: expected a top-level 'contracts:' list")
     extra = set(document) - {"contracts"}
@@ -216,6 +282,8 @@ def parse_contracts(text: str, origin: str = "<contracts>") -> dict[str, Contrac
             raise ContractsError(f"{origin}: {label}: expected a mapping")
         try:
             contract = Contract.model_validate(entry)
+        except RecursionError:
+            raise ContractsError(f"{origin}: {label}: nested too deeply") from None
         except ValidationError as exc:
             first = exc.errors()[0]
             raise ContractsError(

@@ -7,6 +7,9 @@ Guarantees:
   meta-schema (a remote ``https://`` ref is refused, never fetched).
 - ``validator_for(schema)`` resolves references only inside the schema (and the meta-schemas):
   nothing is ever retrieved from the network (jsonschema's default registry would fetch).
+  ``check_schema`` also refuses a schema that recurses without end on a plain value (a
+  ``$ref`` cycle), and ``first_error`` reports one that does so on some other value as a
+  violation instead of raising.
 - ``multipleOf`` is exact on the numbers' decimal values (a float by its shortest decimal
   form, ``repr``; an integer of any size as it is), as JSON Schema defines it: ``19.99`` is a
   multiple of ``0.01`` and ``0.3`` of ``0.1`` (jsonschema's float division says neither), an
@@ -28,7 +31,7 @@ from referencing import Registry, Resource
 from referencing.exceptions import NoSuchResource, Unresolvable
 from referencing.jsonschema import DRAFT202012
 
-__all__ = ["check_schema", "validator_for"]
+__all__ = ["check_schema", "first_error", "validator_for"]
 
 _BASE = jsonschema.Draft202012Validator
 _REF_KEYS = ("$ref", "$dynamicRef")
@@ -98,3 +101,27 @@ def check_schema(schema: Any) -> None:
         except Unresolvable:
             raise ValueError(f"$ref {ref!r} does not resolve within the schema (remote "
                              "references are not fetched)") from None
+    validator = validator_for(schema)
+    for probe in _PROBES:  # a $ref cycle that consumes nothing of the value never ends
+        if _errors(validator, probe) is _ENDLESS:
+            raise ValueError(f"the schema refers to itself without end on {probe!r} "
+                             "(a $ref cycle)")
+
+
+_PROBES: tuple[Any, ...] = (None, True, 0, 0.5, "", [], {})
+_ENDLESS = "the schema refers to itself without end on this value"
+
+
+def first_error(validator: Any, value: Any) -> str | None:
+    """The first schema error of ``value`` (at most 500 characters), or None. Never raises:
+    a schema that recurses without end on ``value`` is an error of its own."""
+    problem = _errors(validator, value)
+    return None if problem is None else problem[:500]
+
+
+def _errors(validator: Any, value: Any) -> str | None:
+    try:
+        error = next(iter(validator.iter_errors(value)), None)
+    except RecursionError:
+        return _ENDLESS
+    return None if error is None else str(error.message)

@@ -58,6 +58,7 @@ from fanin.contracts.records import (
     RUN_ID,
     TIME,
 )
+from fanin.contracts.schemas import first_error
 from fanin.contracts.timefmt import MAX_MS
 
 __all__ = ["Changed", "Entry", "JoinReducer", "top_receipts"]
@@ -321,8 +322,7 @@ class JoinReducer:
         cache = self._violations
         if content in cache:
             return cache[content]
-        error = next(iter(validator.iter_errors(record[R_VALUE])), None)
-        problem = None if error is None else error.message[:500]
+        problem = first_error(validator, record[R_VALUE])
         if cache is _NO_MAP:
             cache = self._violations = {}
         cache[content] = problem

@@ -123,6 +123,26 @@ def test_contracts_file_errors_name_file_contract_and_field(tmp_path: object) ->
         "contracts: {}\n": "top-level 'contracts:' list",
         "contracts: [\n": "not valid YAML",
         "contracts:\n  - !!python/object/apply:os.system [echo hi]\n": "not valid YAML",
+        # YAML keeps the last of a repeated key silently: contract 'a' would vanish
+        "contracts:\n  - name: a\n    name: b\n": "not valid YAML: repeated key 'name' (line 3)",
+        "contracts: []\ncontracts:\n  - name: a\n": "repeated key 'contracts' (line 2)",
+        "contracts:\n  - name: a\n    schemas: {k: {type: integer}, k: {}}\n": "repeated key 'k'",
+        # values JSON cannot hold
+        "contracts:\n  - name: a\n    schemas: {k: {maximum: .nan}}\n":
+            "not JSON: contracts[0].schemas.k.maximum: nan is not a JSON number",
+        "contracts:\n  - name: a\n    schemas: {k: {enum: [2020-01-01]}}\n":
+            "not JSON: contracts[0].schemas.k.enum[0]: a date is not a JSON value",
+        "contracts:\n  - name: a\n    schemas: {k: {const: !!binary aGk=}}\n":
+            "a bytes is not a JSON value",
+        "contracts:\n  - name: a\n    schemas: {k: {properties: {1: {}}}}\n":
+            "contracts[0].schemas.k.properties: key 1 is not a string",
+        # a $ref cycle that never reaches the value: every check would recurse for ever
+        "contracts:\n  - name: a\n    schemas: {k: {$ref: '#'}}\n": "refers to itself without end",
+        "contracts:\n  - name: a\n    schemas: {k: {$defs: {r: {$ref: '#/$defs/r'}}, "
+        "$ref: '#/$defs/r'}}\n": "(a $ref cycle)",
+        # nesting beyond what can be read
+        "contracts:\n  - name: a\n    schemas: {k: {const: " + "[" * 3000 + "]" * 3000 + "}}\n":
+            "nested too deeply",
     }
     for text, expected in cases.items():
         with pytest.raises(ContractsError) as info:
@@ -130,6 +150,25 @@ def test_contracts_file_errors_name_file_contract_and_field(tmp_path: object) ->
         assert str(info.value).startswith("c.yaml: ") and expected in str(info.value)
     with pytest.raises(ContractsError, match="cannot read"):
         load_contracts(str(tmp_path) + "/missing.yaml")
+
+
+def test_merge_keys_and_aliases_still_load() -> None:
+    """A merge key's keys may be overridden (YAML's rule): not a repeated key."""
+    text = ("contracts:\n  - &one {name: a, deadline_s: 5, required: [x]}\n"
+            "  - <<: *one\n    name: b\n")
+    found = parse_contracts(text, origin="c.yaml")
+    assert sorted(found) == ["a", "b"] and found["b"].deadline_s == 5
+
+
+def test_a_schema_recursing_on_some_values_is_a_violation_not_a_failure() -> None:
+    """A cycle reached only through a value of one type passes the load's probes; checking
+    such a value reports a violation instead of raising."""
+    from fanin.contracts.schemas import first_error, validator_for
+
+    schema = {"if": {"type": "string", "minLength": 3}, "then": {"$ref": "#"}}
+    validator = validator_for(schema)
+    assert first_error(validator, 1) is None and first_error(validator, "ab") is None
+    assert "refers to itself without end" in (first_error(validator, "abc") or "")
 
 
 def test_fast_and_general_time_paths_agree() -> None:
