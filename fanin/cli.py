@@ -89,8 +89,8 @@ def _add_run(subparsers: argparse._SubParsersAction) -> None:
                         help="most bytes of messages a join holds (default 16 MiB, under "
                         "Dataflow's element and commit limits); further ones are dead letters")
     limits.add_argument("--window-s", type=float, default=60.0,
-                        help="streaming: longest wait (processing time, whole seconds) "
-                        "before pending outputs are written to a file")
+                        help="streaming: longest wait (processing time, whole seconds, at "
+                        "most 86400) before pending outputs are written to a file")
     limits.add_argument("--shards", type=int, default=1,
                         help="files per output (bounded), per write (streaming)")
     run.add_argument("--log-closes", action="store_true",

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import (
+    GoogleCloudOptions,
     PipelineOptions,
     SetupOptions,
     StandardOptions,
@@ -54,6 +55,7 @@ __all__ = ["ConfigError", "RunConfig", "build", "catalog_for", "checkout_setup_f
            "replay_of", "replay_retention_floor_ms", "run_pipeline"]
 
 _LOG = logging.getLogger("fanin")
+MAX_WINDOW_S = 86_400  # --window-s: outputs are written at least once a day
 
 
 class ConfigError(ValueError):
@@ -116,8 +118,9 @@ class RunConfig:
         if self.max_bytes_per_join < self.max_bytes:
             raise ConfigError("--max-bytes-per-join must be >= --max-bytes (a join must hold "
                               "at least one message)")
-        if not 0 < self.window_s < math.inf or self.shards < 1:  # NaN fails too
-            raise ConfigError("--window-s must be a finite number > 0 and --shards >= 1")
+        if not 0 < self.window_s <= MAX_WINDOW_S or self.shards < 1:  # NaN fails too
+            raise ConfigError(f"--window-s must be > 0 and at most {MAX_WINDOW_S} (a day), "
+                              "and --shards >= 1")
 
     def _validate_pubsub_paths(self) -> None:
         """Every Pub/Sub path is one the service accepts (the reason in one line if not)."""
@@ -270,6 +273,17 @@ def build(p: beam.Pipeline, config: RunConfig, catalog: Catalog,
     return outputs
 
 
+def _check_bigquery_options(config: RunConfig, options: PipelineOptions) -> None:
+    """A bounded run's BigQuery write loads files staged under ``--temp_location`` (a
+    ``gs://`` path): refuse (``ConfigError``) a run without it before anything starts or is
+    written, rather than failing inside the job."""
+    if not config.bigquery_dataset or config.streaming:
+        return
+    if not (options.view_as(GoogleCloudOptions).temp_location or "").startswith("gs://"):
+        raise ConfigError("--bigquery-dataset: a bounded run loads its rows through files, so "
+                          "it needs --temp_location=gs://BUCKET/PATH")
+
+
 def _prepare_output(output: str, overwrite: bool, inputs: Sequence[str] = ()) -> None:
     """Create the three folders; refuse to mix with an earlier run's files unless asked, and
     refuse (``ConfigError``) a path that is a file where a folder must be, any folder that
@@ -374,6 +388,7 @@ def run_pipeline(config: RunConfig, beam_args: Sequence[str],
     catalog = catalog_for(config)
     options = configure_options(config, beam_args)
     runner = options.view_as(StandardOptions).runner
+    _check_bigquery_options(config, options)
     if config.streaming and not runner.endswith("DataflowRunner"):
         if config.id_label:  # offline, so before asking Pub/Sub
             raise ConfigError(f"--id-label needs the Dataflow runner; {runner} does not "

@@ -186,6 +186,13 @@ def test_cli_runs_and_refuses_bad_use(traffic: dict[str, Path], tmp_path: Path,
         *(["run", "--input", str(traffic["arrival"]), "--output", str(out / "s"), "--replay",
            option, value] for option in ("--max-disorder-s", "--window-s")
           for value in ("inf", "nan", "-1")),
+        ["run", "--input", str(traffic["arrival"]), "--output", str(out / "s"), "--replay",
+         "--window-s", "1e300"],  # Beam's translation raised 'Value out of range'
+        ["run", "--input", str(traffic["arrival"]), "--output", str(out / "s"), "--replay",
+         "--window-s", "86401"],
+        # BigQuery file loads need a gs:// --temp_location (Beam failed inside the job)
+        ["run", "--input", str(traffic["arrival"]), "--output", str(out / "bq"),
+         "--bigquery-dataset", "my-project:fanin"],
         *(["run", "--input", str(tmp_path / "not-gzip.jsonl.gz"), "--output", str(out / "q"),
            *replay] for replay in ([], ["--replay"])),
         ["run", "--input", str(traffic["arrival"]), "--output", str(out / "r"),
