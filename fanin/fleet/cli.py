@@ -12,19 +12,25 @@ Guarantees:
   live stream. Stragglers (``--delayed``) arrive up to an hour after their event; ``--delayed
   0`` ends the stream soon after the last join. Ctrl-C stops it (exit 130).
 - Every ``SimRates`` field is an option (``changed_duplicate`` -> ``--changed-duplicate``).
-- A negative ``--joins``, a rate outside [0, 1], a ``--start`` that is not ``now`` or RFC 3339,
-  a ``--rate`` that is not a positive ``N`` or ``N/s``, or ``--rate`` with a ``--start`` other
-  than ``now`` is a usage error: one ``error:`` line on stderr (after argparse's usage line) and
-  exit code 2. An unwritable FILE prints one line on stderr and returns 1.
+- Bad use is one ``error:`` line on stderr and exit code 2, and nothing is written: a
+  ``--joins`` outside [0, ``MAX_JOINS``] (a million: about 1.7 GB of lines, one join id per
+  join held in memory, and join ids are numbered with six digits; for more, run several seeds,
+  whose ids differ), a probability outside [0, 1], a ``--start`` that is not ``now`` or RFC 3339, a
+  ``--rate`` that is not ``N`` or ``N/s`` with N in [``MIN_JOINS_PER_S``, inf) (one join a day:
+  slower rates wait longer than the clock can sleep), ``--rate`` with a ``--start`` other than
+  ``now``, an empty FILE, or a FILE that cannot be opened for writing (a folder, a path under a
+  file, a folder that does not exist, no permission). An error while writing (disk full, a
+  closed pipe) prints one line on stderr and returns 1.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 from dataclasses import fields, replace
-from typing import Any
+from typing import Any, TextIO
 
 from fanin.contracts.timefmt import parse_rfc3339
 from fanin.fleet.simulate import (
@@ -35,10 +41,14 @@ from fanin.fleet.simulate import (
     check_probability,
     write_lines,
     write_paced,
-    write_simulation,
 )
 
-__all__ = ["add_subcommand", "run_simulate"]
+__all__ = ["MAX_JOINS", "MIN_JOINS_PER_S", "add_subcommand", "run_simulate"]
+
+MAX_JOINS = 1_000_000
+"""Most ``--joins`` of one run (about 1.7 GB of lines; for more, run several seeds)."""
+MIN_JOINS_PER_S = 1 / 86_400
+"""Slowest ``--rate``: one join a day (the wait between joins must stay sleepable)."""
 
 
 _USAGE = ("fanin simulate --joins N --out FILE|- [--seed S] [--start now|INSTANT] "
@@ -64,17 +74,29 @@ def _joins_per_s(text: str) -> float:
         value = float("nan")
     if not 0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"not a positive rate like 20/s: {text!r}")
+    if value < MIN_JOINS_PER_S:
+        raise argparse.ArgumentTypeError(f"{text!r} is slower than one join a day "
+                                         f"({MIN_JOINS_PER_S:.3g}/s), the slowest rate")
     return value
 
 
-def _non_negative_int(text: str) -> int:
+def _join_count(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, not {value}")
+    if value > MAX_JOINS:
+        raise argparse.ArgumentTypeError(f"must be <= {MAX_JOINS} (run several seeds for "
+                                         f"more), not {text}")
     return value
+
+
+def _out(text: str) -> str:
+    if not text:
+        raise argparse.ArgumentTypeError("give a file name, or '-' for standard output")
+    return text
 
 
 def _probability(name: str) -> Any:
@@ -88,22 +110,17 @@ def _probability(name: str) -> Any:
     return parse
 
 
-def _write(args: argparse.Namespace, rates: SimRates) -> SimSummary:
+def _write(args: argparse.Namespace, out: TextIO, rates: SimRates) -> SimSummary:
     if args.rate is not None:
-        if args.out == "-":
-            return write_paced(sys.stdout, args.joins, args.seed, rates, joins_per_s=args.rate)
-        with open(args.out, "w", encoding="utf-8", newline="\n") as out:
-            return write_paced(out, args.joins, args.seed, rates, joins_per_s=args.rate)
+        return write_paced(out, args.joins, args.seed, rates, joins_per_s=args.rate)
     start = int(time.time() * 1000) if args.start == "now" else args.start
-    if args.out == "-":
-        return write_lines(sys.stdout, args.joins, args.seed, rates, start=start)
-    return write_simulation(args.out, args.joins, args.seed, rates, start=start)
+    return write_lines(out, args.joins, args.seed, rates, start=start)
 
 
 def run_simulate(args: argparse.Namespace) -> int:
     """Run the subcommand for parsed ``args``; returns the exit code."""
     if args.rate is not None and args.start not in (None, "now"):
-        print(f"{_USAGE}\nfanin simulate: error: --rate starts now; it cannot be combined with "
+        print(f"fanin simulate: error: --rate starts now; it cannot be combined with "
               f"--start {args.start}", file=sys.stderr)
         return 2
     args.start = args.start or EPOCH
@@ -111,7 +128,15 @@ def run_simulate(args: argparse.Namespace) -> int:
                  if getattr(args, spec.name) is not None}
     rates = replace(SHOWCASE_RATES if args.showcase else SimRates(), **overrides)
     try:
-        summary = _write(args, rates)
+        out = sys.stdout if args.out == "-" else \
+            open(args.out, "w", encoding="utf-8", newline="\n")  # noqa: SIM115
+    except OSError as exc:  # a folder, a path under a file, ...: bad use
+        print(f"fanin simulate: error: cannot write --out {args.out}: "
+              f"{exc.strerror or exc}", file=sys.stderr)
+        return 2
+    try:
+        with contextlib.nullcontext() if out is sys.stdout else out:
+            summary = _write(args, out, rates)
     except OSError as exc:
         print(f"fanin simulate: cannot write {args.out}: {exc.strerror or exc}", file=sys.stderr)
         return 1
@@ -131,18 +156,18 @@ def add_subcommand(subparsers: Any) -> None:
         description="Write a deterministic simulation of many concurrent fan-out joins "
                     "(arrival order, with duplicates, retries, conflicts, late and malformed "
                     "lines) as newline-delimited JSON.")
-    parser.add_argument("--joins", type=_non_negative_int, required=True, metavar="N",
-                        help="number of joins to simulate")
-    parser.add_argument("--out", required=True, metavar="FILE",
+    parser.add_argument("--joins", type=_join_count, required=True, metavar="N",
+                        help=f"number of joins to simulate (0 to {MAX_JOINS})")
+    parser.add_argument("--out", type=_out, required=True, metavar="FILE",
                         help="output JSONL file ('-': standard output)")
     parser.add_argument("--seed", type=int, default=0, metavar="S",
                         help="random seed (same seed, same bytes; default 0)")
     parser.add_argument("--start", type=_start, default=None, metavar="now|INSTANT",
                         help=f"when the first join opens (default {EPOCH}; 'now' with --rate)")
     parser.add_argument("--rate", type=_joins_per_s, default=None, metavar="N/s",
-                        help="write in real time: N joins open per second from now, each line "
-                             "written when its arrival time comes (event times follow the "
-                             "clock)")
+                        help="write in real time: N joins open per second from now (at least "
+                             "one a day), each line written when its arrival time comes "
+                             "(event times follow the clock)")
     parser.add_argument("--showcase", action="store_true",
                         help="start from the raised SHOWCASE_RATES (every behaviour in a few "
                              "dozen joins) instead of the defaults")

@@ -17,11 +17,15 @@ Guarantees:
 - ``FILE`` (written atomically) is JSON: the runner, the options, the stable transform names,
   the checks, the runner API proto (``pipeline``) and, for Dataflow, the job request body
   (``dataflow_job``) as far as it exists before staging (packages are listed, not uploaded).
+  Its missing parent folders are created. A ``FILE`` that is empty, a remote path, a folder or
+  under a file is refused before the graph is built, and one that cannot be written is refused
+  after: a one-line ``DryRunError`` naming ``FILE`` as given; no temporary file is left behind.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -63,7 +67,8 @@ __all__ = [
 
 
 class DryRunError(ValueError):
-    """The dry run cannot check this job offline; the message is one line for the user."""
+    """The dry run cannot check this job offline, or cannot write its ``FILE``; the message is
+    one line for the user."""
 
 
 @dataclass(frozen=True)
@@ -266,14 +271,41 @@ def _dataflow_job(job: Any) -> dict[str, Any]:
     return json.loads(job.json())
 
 
+def _check_out_path(path: str) -> None:
+    """Refuse a ``--dry-run`` FILE that can never be written as a local file."""
+    if not path or path.endswith(("/", os.sep)):
+        raise DryRunError(f"--dry-run {path!r}: give a file name")
+    if "://" in path:
+        raise DryRunError(f"--dry-run {path}: give a local file")
+    if os.path.isdir(path):
+        raise DryRunError(f"--dry-run {path}: is a folder; give a file")
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.lexists(parent):  # the nearest existing ancestor must be a folder
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise DryRunError(f"--dry-run {path}: {parent} is a file, not a folder")
+
+
 def _write_json(path: str, obj: dict[str, Any]) -> None:
+    """Write ``obj`` to ``path`` atomically. Failure: ``DryRunError`` naming ``path``; the
+    temporary file is removed whatever happens."""
     folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".dry-run-", suffix=".tmp")
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        json.dump(obj, handle, indent=1, sort_keys=True, default=str)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+    tmp: str | None = None
+    try:
+        os.makedirs(folder, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".dry-run-", suffix=".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(obj, handle, indent=1, sort_keys=True, default=str)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+        tmp = None
+    except OSError as exc:
+        raise DryRunError(f"--dry-run {path}: cannot write it: {exc.strerror or exc}"
+                          ) from None
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
 
 
 def dry_run(config: RunConfig, beam_args: Sequence[str], out_path: str) -> DryRunReport:
@@ -289,8 +321,7 @@ def dry_run(config: RunConfig, beam_args: Sequence[str], out_path: str) -> DryRu
             _local("--input", path)
     if config.contracts_path:
         _local("--contracts", config.contracts_path)
-    if "://" in out_path:
-        raise DryRunError(f"--dry-run {out_path}: give a local file")
+    _check_out_path(out_path)
     catalog = catalog_for(config)
     options = configure_options(config, beam_args)
     standard = options.view_as(StandardOptions)

@@ -13,6 +13,11 @@ Guarantees:
   TaskManager within 10 s (heartbeat), so a job survives a TaskManager that dies and is
   replaced.
 - ``stop`` ends the processes it started (by their pid files) and says what it ended.
+- Numeric options are checked when the command line is parsed, before anything starts or is
+  written: ``--rest-port`` in [1, 65533] (the JobManager RPC and blob ports are the next two),
+  ``--pool-port`` in [1, 65535], ``--slots`` in [1, 2**31 - 1] (Flink reads it as a Java
+  ``int``), ``--timeout-s`` finite and > 0. Bad use is one ``fanin: error:`` line on stderr and
+  exit code 2, for every action.
 """
 
 from __future__ import annotations
@@ -29,6 +34,9 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["Cluster", "add_subcommand", "start", "stop"]
+
+_MAX_PORT = 65535
+_MAX_SLOTS = 2**31 - 1  # Flink's taskmanager.numberOfTaskSlots is a Java int
 
 _CONFIG = """\
 env:
@@ -207,6 +215,32 @@ def _command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _int_in(low: int, high: int) -> Any:
+    """An ``argparse`` type: an integer in [low, high]."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be in [{low}, {high}], not {text}")
+        return value
+
+    parse.__name__ = "integer"  # argparse names the type in its messages
+    return parse
+
+
+def _seconds(text: str) -> float:
+    """An ``argparse`` type: a finite number of seconds > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"not a finite number of seconds > 0: {text!r}")
+    return value
+
+
 def add_subcommand(subparsers: Any) -> None:
     """Register ``flink-cluster`` on an ``argparse`` subparsers object."""
     parser = subparsers.add_parser(
@@ -216,9 +250,13 @@ def add_subcommand(subparsers: Any) -> None:
     parser.add_argument("action", choices=("start", "stop", "status"))
     parser.add_argument("--dir", default=os.path.expanduser("~/.fanin/flink-cluster"),
                         help="configuration, logs and pid files")
-    parser.add_argument("--rest-port", type=int, default=8081,
-                        help="REST port (the JobManager RPC and blob ports are the next two)")
-    parser.add_argument("--pool-port", type=int, default=50000, help="Beam worker pool port")
-    parser.add_argument("--slots", type=int, default=2, help="task slots of the TaskManager")
-    parser.add_argument("--timeout-s", type=float, default=90.0)
+    parser.add_argument("--rest-port", type=_int_in(1, _MAX_PORT - 2), default=8081,
+                        help="REST port (the JobManager RPC and blob ports are the next two; "
+                             f"1 to {_MAX_PORT - 2})")
+    parser.add_argument("--pool-port", type=_int_in(1, _MAX_PORT), default=50000,
+                        help=f"Beam worker pool port (1 to {_MAX_PORT})")
+    parser.add_argument("--slots", type=_int_in(1, _MAX_SLOTS), default=2,
+                        help="task slots of the TaskManager (at least 1)")
+    parser.add_argument("--timeout-s", type=_seconds, default=90.0,
+                        help="start: how long to wait for a TaskManager (seconds > 0)")
     parser.set_defaults(func=_command)

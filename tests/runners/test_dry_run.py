@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import json
+import os
 import socket
 from pathlib import Path
 
 import apache_beam as beam
 import pytest
 
+from fanin.cli import main as fanin_main
 from fanin.pipelines.pipeline import RunConfig, build
 from fanin.runners import DryRunError, dataflow, dry_run, maybe_dry_run
 
@@ -159,3 +162,58 @@ def test_what_needs_the_network_is_refused(tmp_path: Path, args: list[str],
     with pytest.raises(DryRunError, match=message):
         dry_run(_config(**config), args, str(tmp_path / "g.json"))
     assert not (tmp_path / "g.json").exists()
+
+
+def _bad_use(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """Run ``fanin ARGV`` in-process; check exit 2 with one stderr line; return that line."""
+    try:
+        code = fanin_main(argv)
+    except SystemExit as exited:
+        code = exited.code
+    captured = capsys.readouterr()
+    assert code == 2, captured.err
+    lines = captured.err.splitlines()
+    assert len(lines) == 1, captured.err
+    assert "Traceback" not in captured.err
+    return lines[0]
+
+
+@pytest.mark.parametrize("given, named", [
+    ("afile/x", "afile is a file, not a folder"),
+    ("afile/x/y.json", "afile is a file, not a folder"),
+    ("", "--dry-run '': give a file name"),
+    ("folder", "is a folder"),
+    ("folder/", "give a file name"),
+    ("gs://fanin-dry-run-bucket/g.json", "give a local file"),
+])
+def test_a_dry_run_file_that_cannot_be_written_is_one_line_and_exit_2(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        given: str, named: str) -> None:
+    (tmp_path / "afile").write_text("keep\n")
+    (tmp_path / "folder").mkdir()
+    work = tmp_path / "folder" / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    path = given if not given or "://" in given else f"{tmp_path}/{given}"
+    line = _bad_use(["run", "--input", str(EXAMPLES / "triage.jsonl"), "--contracts",
+                     str(EXAMPLES / "contracts.yaml"), "--output", str(tmp_path / "out"),
+                     "--dry-run", path], capsys)
+    assert line.startswith(f"fanin: error: --dry-run {path!r}" if not path or path.endswith("/")
+                           else f"fanin: error: --dry-run {path}:")
+    assert named in line
+    assert ".tmp" not in line
+    assert (tmp_path / "afile").read_text() == "keep\n"
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == [
+        "afile", "folder", "folder/work"]
+
+
+def test_a_failed_write_is_a_dry_run_error_and_leaves_no_temporary_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def disk_full(src: str, dst: str) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", disk_full)
+    out = tmp_path / "graphs" / "g.json"
+    with pytest.raises(DryRunError, match=f"--dry-run {out}: cannot write it: No space left"):
+        dry_run(_config(), [], str(out))
+    assert [p.name for p in tmp_path.rglob("*")] == ["graphs"]  # made, but empty
