@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 from typing import Any
 
 import orjson
@@ -90,6 +91,9 @@ def loads_strict(text: str) -> Any:
     except RecursionError:
         raise JSONRefused(f"nesting deeper than {MAX_DEPTH}") from None
     except ValueError as exc:  # JSONDecodeError, and int digit-limit errors
+        if "integer string conversion" in str(exc):  # Python's guard on huge integers
+            raise JSONRefused(f"an integer of more than {sys.get_int_max_str_digits()} "
+                              "digits") from None
         raise JSONRefused(str(exc).split("\n", 1)[0]) from None
     # Cheap gate for the rare cases: deep nesting needs many brackets, surrogates need "\u".
     if text.count("[") + text.count("{") > MAX_DEPTH or "\\u" in text or "\\U" in text:

@@ -215,6 +215,17 @@ def _fast_receipt(obj: dict[str, Any], text: str, source: Source) -> R.Record | 
 
 
 # One flat check per failure kind, each a dead-letter code.
+def _json_type(value: Any) -> str:
+    """JSON's name for the type of a decoded value."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    return "array" if isinstance(value, list) else "string"
+
+
 def parse_message(data: bytes | str, source: Source, contracts: Container[str],  # noqa: C901
                   max_bytes: int = DEFAULT_MAX_BYTES
                   ) -> tuple[R.Record | None, dict[str, Any] | None]:
@@ -245,7 +256,7 @@ def parse_message(data: bytes | str, source: Source, contracts: Container[str], 
     except JSONRefused as exc:
         return None, dead_letter("invalid_json", str(exc), text, source)
     if not isinstance(obj, dict):
-        return None, dead_letter("not_object", f"a JSON {type(obj).__name__}, not an object",
+        return None, dead_letter("not_object", f"a JSON {_json_type(obj)}, not an object",
                                  text, source)
     kind = obj.get("kind")
     if kind is None:  # absent or null: a receipt (null means absent, docs/spec.md §1)

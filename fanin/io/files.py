@@ -14,6 +14,8 @@ place under the name ``path`` with one rename, with the same guarantees.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import uuid
 from collections.abc import Callable
@@ -24,21 +26,28 @@ __all__ = ["atomic_move", "atomic_write"]
 
 
 def atomic_write(path: str | os.PathLike[str], write: Callable[[BinaryIO], object]) -> None:
-    """Create or replace ``path`` atomically with what ``write`` writes to the file handle."""
+    """Create or replace ``path`` atomically with what ``write`` writes to the file handle.
+    A local ``path`` that cannot be written (empty, a folder, under a file, no permission)
+    raises ``OSError`` naming ``path`` as given, never the temporary file, which is removed."""
     name = os.fspath(path)
     tmp = f"{name}.tmp-{uuid.uuid4().hex}"
     if "://" in name:
         _remote(name, tmp, write)
         return
-    Path(name).parent.mkdir(parents=True, exist_ok=True)
     try:
+        if not name or os.path.isdir(name):
+            raise IsADirectoryError(errno.EISDIR, "not a file name", name)
+        Path(name).parent.mkdir(parents=True, exist_ok=True)
         with open(tmp, "wb") as handle:
             write(handle)
             handle.flush()
             os.fsync(handle.fileno())
         atomic_move(tmp, name)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):  # none was made when its folder is not one
+            Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise OSError(f"cannot write {name!r}: {exc.strerror or exc}") from None
         raise
 
 

@@ -398,6 +398,21 @@ def test_cli_errors_are_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFi
         assert captured.err.startswith(f"fanin {argv[0]}: error: ")
 
 
+def test_an_out_file_that_cannot_be_written_is_named_as_given(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    write_jsonl(tmp_path, sample(5))
+    (tmp_path / "afile").write_text("x")
+    for argv, shown in ((["query", str(tmp_path), "SELECT 1", "--out", ""], "''"),
+                        (["query", str(tmp_path), "SELECT 1", "--out", str(tmp_path)],
+                         repr(str(tmp_path))),
+                        (["report", str(tmp_path), "--html", str(tmp_path / "afile" / "r.html")],
+                         repr(str(tmp_path / "afile" / "r.html")))):
+        assert _cli(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"cannot write {shown}" in err and ".tmp-" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "closes", "dead_letter", "late"]
+
+
 def test_cli_query_and_report(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     write_jsonl(tmp_path, sample(5))
     assert _cli(["query", str(tmp_path), "SELECT count(*) n FROM closes", "--format", "csv"]) == 0

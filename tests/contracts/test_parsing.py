@@ -66,6 +66,21 @@ def test_bad_messages_become_dead_letters(data: bytes | str, error: str) -> None
     assert found is not None and found[0] == error and found[1]
 
 
+@pytest.mark.parametrize(("data", "dead"), [
+    ("[1]", ("not_object", "a JSON array, not an object")),
+    ('"x"', ("not_object", "a JSON string, not an object")),
+    ("null", ("not_object", "a JSON null, not an object")),
+    ("3.5", ("not_object", "a JSON number, not an object")),
+    ("true", ("not_object", "a JSON boolean, not an object")),
+    ('{"join_id":"j","value":' + "9" * 4301 + "}",
+     ("invalid_json", "an integer of more than 4300 digits")),
+])
+def test_dead_letter_details_speak_json(data: str, dead: tuple[str, str]) -> None:
+    """The details name JSON's types and limits, not Python's (NoneType, list; 'use
+    sys.set_int_max_str_digits()')."""
+    assert error_of(data) == dead
+
+
 def test_every_bad_field_is_named_once() -> None:
     found = error_of(with_fields(status="done", attempt="2"))
     assert found is not None
