@@ -331,9 +331,16 @@ class ReadMessages(beam.PTransform):
         )
 
 
+_MARKER_FIELDS = ("join_id", "reason", "error")  # short fields a marker keeps (by kind)
+
+
 def _default_attributes(obj: Mapping[str, Any]) -> dict[str, str]:
     join_id = obj.get("join_id")
     return {"join_id": join_id} if isinstance(join_id, str) and join_id else {}
+
+
+# Pub/Sub takes at most 10,000,000 bytes a message (data, attributes and framing)
+MAX_TOPIC_DATA = 9_900_000
 
 
 def _to_pubsub_message(
@@ -341,6 +348,12 @@ def _to_pubsub_message(
     attributes_fn: Callable[[Mapping[str, Any]], Mapping[str, str]] | None,
 ) -> PubsubMessage:
     data = encode_line(dict(obj)).encode("utf-8")
+    if len(data) > MAX_TOPIC_DATA:  # the files hold it whole; the topic gets a marker
+        _LOG.warning("fanin: an output of %d bytes is over Pub/Sub's message limit; its topic "
+                     "gets a too_large_for_pubsub marker, the output files hold it whole",
+                     len(data))
+        data = encode_line({**{k: obj[k] for k in _MARKER_FIELDS if k in obj},
+                            "too_large_for_pubsub": len(data)}).encode("utf-8")
     attributes = _default_attributes(obj)
     if attributes_fn is not None:
         attributes.update(attributes_fn(obj))
@@ -353,7 +366,10 @@ def _to_pubsub_message(
 class PublishJson(beam.PTransform):
     """Publish each input dict to ``topic`` as one compact JSON message.
 
-    Data: the same compact UTF-8 JSON as the output files (``fanin.core.outcomes.encode_line``).
+    Data: the same compact UTF-8 JSON as the output files (``fanin.core.outcomes.encode_line``);
+    an object whose line is over ``MAX_TOPIC_DATA`` bytes (Pub/Sub refuses it, and the run
+    failed) is published as a marker ``{"join_id", "reason" or "error" as the object has them,
+    "too_large_for_pubsub": its size in bytes}``; the output files always hold it whole.
     Attributes: ``join_id`` when the dict has a non-empty string ``join_id``, updated with
     ``attributes_fn(obj)`` if given; a non-str attribute key or value raises ``TypeError``.
     Writing uses ``WriteToPubSub(with_attributes=True)``, which publishes and waits for each

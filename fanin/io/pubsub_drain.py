@@ -32,7 +32,9 @@ Relies on two internals of Beam's direct runner (checked in ``tests/test_pubsub_
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
+import os
 import signal
 import threading
 import time
@@ -131,6 +133,21 @@ class DrainableLocalRead(_DirectReadFromPubSub):
         return PCollection(pbegin.pipeline, is_bounded=False)
 
 
+@functools.lru_cache(maxsize=4)
+def _emulator_subscriber(host: str) -> Any:
+    """A subscriber client for the emulator at ``host`` on a channel without gRPC's 4 MiB
+    receive limit. The client library's emulator channel keeps that default (its channel for
+    the service has none), so a pull of more than 4 MiB of messages, or one message over it
+    (Pub/Sub takes up to 10 MB), failed on every retry and the read stalled for good."""
+    import grpc
+    from google.cloud import pubsub_v1
+    from google.pubsub_v1.services.subscriber.transports import SubscriberGrpcTransport
+
+    channel = grpc.insecure_channel(host, options=[("grpc.max_receive_message_length", -1),
+                                                   ("grpc.max_send_message_length", -1)])
+    return pubsub_v1.SubscriberClient(transport=SubscriberGrpcTransport(channel=channel))
+
+
 class _IdlePollingClient:
     """A subscriber client for the read: ``pull`` asks for up to 500 messages (Beam asks for
     10), returns at once and, when nothing came, waits up to 0.2 s (returning early on a drain
@@ -203,7 +220,9 @@ class _DrainableReadEvaluator(_PubSubReadEvaluator):
 
     def _get_subscriber_client(self, transform: Any) -> Any:  # type: ignore[override]
         client = super()._get_subscriber_client(transform)
-        return _IdlePollingClient(client, transform.transform.drain)
+        host = os.environ.get("PUBSUB_EMULATOR_HOST")
+        return _IdlePollingClient(_emulator_subscriber(host) if host else client,
+                                  transform.transform.drain)
 
     def _quiescent(self) -> bool:
         """No bundle pending, no fired timer in progress, and every step's input watermark at

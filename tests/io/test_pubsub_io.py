@@ -22,7 +22,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.pipeline import PipelineVisitor
 from support.emulator import PubSubEmulator, wait_for
 
-from fanin.io.pubsub import PublishJson, ReadMessages, parse_event_time_ms
+from fanin.io.pubsub import MAX_TOPIC_DATA, PublishJson, ReadMessages, parse_event_time_ms
 
 TOPIC_IN = "projects/fanin-test/topics/inbox"
 SUB_IN = "projects/fanin-test/subscriptions/inbox"
@@ -103,6 +103,35 @@ def test_read_messages_to_publish_json_round_trip(pubsub_emulator: PubSubEmulato
         assert obj["timestamp_ms"] == expected_ms
     # The input was acknowledged: nothing is redelivered on the subscription.
     assert pubsub_emulator.pull(sub_in) == []
+
+
+def test_messages_over_4_mib_are_read_and_outputs_over_10_mb_publish_a_marker(
+    pubsub_emulator: PubSubEmulator,
+) -> None:
+    """A 5 MB input message (Pub/Sub takes up to 10 MB) is read: the emulator client's gRPC
+    channel refused answers over 4 MiB and the read retried the same pull for ever. An output
+    over Pub/Sub's limit is published as a marker instead of failing the run."""
+    topic_in, sub_in = pubsub_emulator.topic_and_subscription("in")
+    topic_out, sub_out = pubsub_emulator.topic_and_subscription("out")
+    for join_id, pad in (("j-small", 10), ("j-big", 5_000_000)):
+        pubsub_emulator.publish(topic_in, json.dumps({"join_id": join_id, "pad": "x" * pad})
+                                .encode())
+    p = _streaming_pipeline()
+    _ = (
+        p
+        | ReadMessages(subscription=sub_in, timestamp_attribute=None)
+        | beam.Map(lambda e: {"join_id": json.loads(e[0])["join_id"], "reason": "complete",
+                              "blob": "y" * (2 * len(e[0]) + 100)})
+        | PublishJson(topic_out)
+    )
+    out: list = []
+    _run_until(p, lambda: out.extend(pubsub_emulator.pull(sub_out)) or len(out) >= 2)
+    by_join = {json.loads(m.data)["join_id"]: json.loads(m.data) for m in out}
+    assert len(out) == 2 and by_join["j-small"]["blob"].startswith("y")
+    size = by_join["j-big"]["too_large_for_pubsub"]
+    assert size > MAX_TOPIC_DATA and by_join["j-big"] == {
+        "join_id": "j-big", "reason": "complete", "too_large_for_pubsub": size}
+    assert pubsub_emulator.pull(sub_in) == []  # both read and acknowledged
 
 
 def _relay_pipeline(topic_in: str, topic_out: str) -> beam.Pipeline:
