@@ -30,7 +30,7 @@ def read_outputs(output: Path, kind: str) -> list[dict[str, Any]]:
         return []
     rows = []
     for path in sorted(folder.glob("*.jsonl")):
-        rows.extend(json.loads(line) for line in path.read_text().splitlines())
+        rows.extend(json.loads(line) for line in path.read_text(encoding="utf-8").split("\n")[:-1])
     return rows
 
 
