@@ -221,9 +221,22 @@ def _parser(command: str | None) -> _Parser:
     return parser
 
 
+def _reported_by_fanin(record: logging.LogRecord) -> bool:
+    """A log filter: drop Beam's log (with its traceback) of an input that cannot be read,
+    which ``fanin run`` reports itself in one line (``fanin.io.inputs.UnreadableInput``)."""
+    error = record.exc_info[1] if record.exc_info else None
+    if error is None or not record.name.startswith("apache_beam"):
+        return True
+    from fanin.io.inputs import UnreadableInput
+
+    return not isinstance(error, UnreadableInput)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
     logging.getLogger("fanin").setLevel(logging.INFO)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_reported_by_fanin)
     argv = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in argv if not a.startswith("-")), None)
     parser = _parser(command)

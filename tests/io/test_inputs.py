@@ -9,6 +9,8 @@ import bz2
 import gzip
 import lzma
 import os
+import subprocess
+import sys
 import zlib
 from collections.abc import Callable
 from pathlib import Path
@@ -69,6 +71,24 @@ def test_damage_part_of_the_way_names_the_last_line_read(tmp_path: Path) -> None
     assert f"after line {len(read_before)} (" in str(err.value)
     assert 0 < len(read_before) < len(lines)
     assert read_before == lines[:len(read_before)]
+
+
+def test_damage_part_of_the_way_stops_fanin_run_in_one_line(tmp_path: Path) -> None:
+    """The read fails in the worker; Beam's log of it (with its traceback) is not shown, the
+    run's one line is (exit 2)."""
+    random = os.urandom(18 << 20)
+    lines = [b'{"join_id":"' + base64.b64encode(random[i:i + 768]) + b'"}\n'
+             for i in range(0, len(random), 768)]
+    data = bytearray(gzip.compress(b"".join(lines), compresslevel=1))
+    data[-(1 << 20):-(1 << 20) + 64] = bytes(64)
+    path = tmp_path / "in.jsonl.gz"
+    path.write_bytes(bytes(data))
+    run = subprocess.run(
+        [str(Path(sys.executable).with_name("fanin")), "run", "--input", str(path), "--output",
+         str(tmp_path / "out")], capture_output=True, text=True, timeout=600, check=False)
+    errors = [line for line in run.stderr.splitlines() if " INFO " not in line]
+    assert run.returncode == 2 and len(errors) == 1, run.stderr[-3000:]
+    assert errors[0].startswith(f"fanin: error: input {path} cannot be decompressed after line ")
 
 
 def test_a_stream_cut_short_ends_where_it_was_cut(tmp_path: Path) -> None:
