@@ -43,7 +43,8 @@ _NO_HORIZON = -(2**62)  # nothing is known to be complete before the first timer
 # WAKE   the time the DECIDE timer is set for, or None
 # TOMB   after a close: [close reason, closed_at, D, D + retention], else None
 # FULL   once the bag holds max_messages_per_join records, the final decision over them:
-#        [closed_at, D, close reason] of a close, or [None, D, None] of an undefined join
+#        [closed_at, D, close reason, tombstone end] of a close (an earlier Fanin wrote no
+#        tombstone end), or [None, D, None] of an undefined join
 # BYTES  UTF-8 bytes of the messages in the bag; max_bytes_per_join once a message did not fit
 #        (the bag is full: like COUNT at the message limit, it stays full)
 EPOCH, COUNT, HORIZON, WAKE, TOMB, FULL, BYTES = range(7)
@@ -257,27 +258,31 @@ class JoinDoFn(_Counting):
         if full is None:
             outcome = _core(decide, list(msgs.read()), self._catalog, None)
             if isinstance(outcome, Closed):
-                full = [outcome.closed_at, outcome.deadline, outcome.reason]
+                full = [outcome.closed_at, outcome.deadline, outcome.reason,
+                        outcome.tombstone_end]
             elif isinstance(outcome, Undefined):
                 full = [None, outcome.decided_at, None]
             else:
                 raise ValueError(f"a full join must be decided, not {outcome!r}")
             value[FULL] = full
             meta.write(value)
-        closed_at, deadline, reason = full
+        closed_at, deadline, reason = full[:3]
+        boundary = full[3] if closed_at is not None and len(full) > 3 else None
         time = record[R.TIME]
-        if closed_at is not None and time > closed_at:
-            yield from self._emit([(LATE, _core(late_object, record,
-                                                late_reason(time, deadline), reason))])
-        elif closed_at is None and time > deadline:
+        if (closed_at is None and time > deadline) or (boundary is not None and time > boundary):
+            # after the decided join: the record starts the next one, so the final decision
+            # is applied now (the close or the rejection, at the horizon it was made at)
             msgs.add(record)
             self._holding = True
             value[COUNT] += 1
             value[BYTES] += message_bytes(record)
-            value[HORIZON] = max(value[HORIZON], deadline)
+            value[HORIZON] = max(value[HORIZON], deadline if boundary is None else boundary)
             value[FULL] = None
             yield from self._settle(join_id, list(msgs.read()), value, msgs, meta,
                                     decide_timer, expire_timer)
+        elif closed_at is not None and time > closed_at:
+            yield from self._emit([(LATE, _core(late_object, record,
+                                                late_reason(time, deadline), reason))])
         else:
             yield from self._emit(rejected_outputs([record], "join_too_large", TOO_LARGE_DETAIL))
 

@@ -170,6 +170,19 @@ def test_the_next_join_waiting_for_the_tombstone_keeps_the_per_join_limit() -> N
         max_messages=3)
 
 
+def test_a_full_join_whose_close_is_final_lets_the_next_join_start() -> None:
+    # limit 3, watermark held back: the bag fills with the first join's open and "a" and the
+    # next join's open (16 s, after the tombstone's end at 15 s). The first join's decision
+    # is final (timeout at 10 s); "b"@17 and "a"@18 come after its tombstone, so they are the
+    # next join's, as in the bounded plan (they were late after_deadline of the first join).
+    run_stream(
+        [add(open_msg(contract="short"), receipt("a", 1)),
+         add(open_msg(at=16, contract="short"), receipt("b", 17), receipt("a", 18)),
+         watermark(40)],
+        {CLOSES: equal_to([("j", "timeout", "00:00:10", 2), ("j", "complete", "00:00:18", 3)]),
+         LATE: equal_to([]), DEAD_LETTER: equal_to([])}, PROJECT, max_messages=3)
+
+
 def test_receipts_before_their_open_and_out_of_order_delivery() -> None:
     run_stream(
         [add(receipt("b", 3)), add(receipt("a", 1)), add(open_msg(contract="watch")),
