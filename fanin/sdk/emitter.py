@@ -23,11 +23,23 @@ Guarantees:
   surrogates escaped, cut at 16 KiB or at what ``max_bytes`` leaves, with a
   ``[truncated: N characters]`` marker), so an exception never prevents its receipt. If the
   returned value cannot be sent (not JSON, refused by the parser), an ``error`` receipt stating
-  why is emitted and the ``TypeError``/``MessageRefused`` is raised. A branch whose receipt
-  could never be sent (a branch name or key that alone exceeds ``max_bytes``) is refused when
-  ``receipt``/the decorated call starts, before the body runs. ``BaseException``\\s that are
-  not ``Exception`` (cancellation, ``KeyboardInterrupt``) emit nothing: the branch did not
-  finish. A sink failure while reporting propagates (the body's exception is its context).
+  why is emitted and the ``TypeError``/``MessageRefused`` is raised.
+- A branch whose receipt could never be sent, whatever its value or error, is refused
+  (``MessageRefused``) when ``receipt``/the decorated call starts, before the body runs and
+  before anything is sent: everything about the receipt that does not depend on the body
+  (context, branch name, key, attempt) is checked by the pipeline's parser
+  (``check_reportable``): a name or key that alone exceeds ``max_bytes``, a lone surrogate
+  in the branch name, the key or the context (``not_utf8``), a contract not among
+  ``contracts`` (``unknown_contract``), an attempt past 2**63-1 (a context carrying
+  ``attempt=2**63-1`` run a second time). The attempt checked is the one the counter gives at
+  the start (a run of the same branch finishing meanwhile may still raise it).
+- A body's exception is never replaced by a failure to build its receipt: should its
+  ``error``/``timeout`` receipt still be refused (only a concurrent run of the same branch
+  pushing the attempt past 2**63-1 can do that), nothing is sent and the body's exception
+  propagates, the refusal added as a note (``__notes__``). ``BaseException``\\s that are not
+  ``Exception`` (cancellation, ``KeyboardInterrupt``) emit nothing: the branch did not finish.
+  A sink failure while reporting (``PublishError``, a closed sink) propagates (the body's
+  exception is its context).
 - Attempts (docs/spec.md §3: a higher attempt supersedes a lower one). Each (join_id, branch) has a
   counter in this emitter; a receipt without an explicit attempt uses the next one (1, 2, ...),
   and at least the context's ``attempt`` when it carries one, so running a branch again in
@@ -48,8 +60,10 @@ Guarantees:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import inspect
+import sys
 import threading
 import time
 import uuid
@@ -60,12 +74,14 @@ from typing import Any, TypeVar, cast
 from fanin.contracts.parsing import DEFAULT_MAX_BYTES
 from fanin.sdk.context import Clock, JoinContext, now_rfc3339
 from fanin.sdk.messages import (
+    MessageRefused,
     Status,
     encode_message,
     fit_error,
     open_message,
     receipt_message,
     refuse_unparsable,
+    refuse_unreportable,
 )
 from fanin.sdk.sinks import EncodedMessage, Sink
 
@@ -92,8 +108,20 @@ def _describe(exc: BaseException, elapsed_s: float) -> str:
         f"{type(exc).__name__} after {elapsed_s:.3f}s"
 
 
-_ROUGH_FIXED_BYTES = 512
-"""More than the fields of a receipt other than join_id, contract, run_id, branch, key take."""
+def _add_note(exc: BaseException, note: str) -> None:
+    """``exc.add_note(note)``; on Python 3.10 the note is kept in ``__notes__`` all the same
+    (which 3.10's tracebacks do not print)."""
+    if sys.version_info >= (3, 11):
+        exc.add_note(note)
+    else:
+        with contextlib.suppress(AttributeError):  # a type refusing attributes: no note
+            exc.__notes__ = [*getattr(exc, "__notes__", ()), note]
+
+
+_PROBE_EVENT_TIME = "1970-01-01T00:00:00.000Z"
+"""Stands for a receipt's event time in ``check_reportable`` (the length of any before 10000)."""
+_PROBE_MESSAGE_ID = "0" * 32
+"""Stands for a receipt's message id in ``check_reportable`` (the length of the default)."""
 
 
 class Emitter:
@@ -137,6 +165,11 @@ class Emitter:
                                          event_time=msg.get("event_time", msg["opened_at"])))
         return msg
 
+    def _peek_attempt(self, ctx: JoinContext, branch: str) -> int:
+        """The attempt ``_next_attempt(ctx, branch, None)`` would choose now (nothing counted)."""
+        with self._lock:
+            return max(self._attempts.get((ctx.join_id, branch), 0) + 1, ctx.attempt or 1)
+
     def _next_attempt(self, ctx: JoinContext, branch: str, attempt: int | None) -> int:
         with self._lock:
             key = (ctx.join_id, branch)
@@ -147,14 +180,23 @@ class Emitter:
                 del self._attempts[next(iter(self._attempts))]
             return chosen
 
-    def check_reportable(self, ctx: JoinContext, branch: str, key: str | None = None) -> None:
+    def check_reportable(self, ctx: JoinContext, branch: str, key: str | None = None, *,
+                         attempt: int | None = None) -> None:
         """Raise ``MessageRefused`` if no receipt of ``branch`` (with ``key``) for ``ctx`` could
-        be sent, whatever its value or error (e.g. a branch name over ``max_bytes``)."""
-        rough = sum(len(text) for text in (ctx.join_id, ctx.contract or "", ctx.run_id or "",
-                                           branch, key or "")) * 6 + _ROUGH_FIXED_BYTES
-        if rough > self.max_bytes:  # only then can the fields alone be too large
-            self._encode(receipt_message(ctx, branch, "error", now_rfc3339(self.clock),
-                                         self.new_id(), key=key, error=""))
+        be sent, whatever its value or error; send nothing, count nothing.
+
+        The pipeline's parser (``refuse_unreportable``, with ``max_bytes`` and ``contracts``)
+        decides on the receipt with the least room for a value: status ``timeout``, an empty
+        error, ``attempt`` (``None``: the one the counter gives now). So it refuses a branch
+        name or key over ``max_bytes``, a lone surrogate in the branch name, the key or the
+        context (``not_utf8``), an unknown contract, an attempt past 2**63-1. The clock and
+        ``new_id`` are not called (stand-ins of the same length are used).
+        """
+        chosen = self._peek_attempt(ctx, branch) if attempt is None else attempt
+        refuse_unreportable(receipt_message(ctx, branch, "timeout", _PROBE_EVENT_TIME,
+                                            _PROBE_MESSAGE_ID, attempt=chosen, key=key,
+                                            error=""),
+                            self.max_bytes, self.contracts)
 
     def open(self, ctx: JoinContext, required: Iterable[str] | None = None,
              optional: Iterable[str] | None = None, deadline_s: float | None = None, *,
@@ -266,7 +308,7 @@ class Receipt:
         if attempt is not None and (isinstance(attempt, bool) or not isinstance(attempt, int)
                                     or attempt < 1):
             raise ValueError("attempt must be an integer >= 1 or None")
-        emitter.check_reportable(ctx, branch, key)
+        emitter.check_reportable(ctx, branch, key, attempt=attempt)
         self._emitter = emitter
         self.ctx = ctx
         self.branch = branch
@@ -305,15 +347,24 @@ class Receipt:
             self.message = emitter.emit(self.ctx, self.branch, status, key=self.key,
                                         attempt=attempt, **fields)
 
+        def report_failure(failure: BaseException, status: Status, error: str) -> None:
+            """Report ``status``; if even that receipt is refused, note it on ``failure``
+            (which the caller sees, unchanged otherwise)."""
+            try:
+                report(status, error=error)
+            except (TypeError, MessageRefused) as refused:
+                _add_note(failure, f"fanin.sdk: no receipt was sent for branch "
+                                   f"{self.branch!r} of join {self.ctx.join_id!r}: {refused}")
+
         if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):
-            report("timeout", error=_describe(exc, elapsed))
+            report_failure(exc, "timeout", _describe(exc, elapsed))
         elif exc is not None:
-            report("error", error=_describe(exc, elapsed))
+            report_failure(exc, "error", _describe(exc, elapsed))
         elif self.timeout_s is not None and elapsed > self.timeout_s:
             report("timeout", error=f"took {elapsed:.3f}s, over timeout_s={self.timeout_s:g}")
         else:
             try:
                 report("ok", value=self.value)
-            except (TypeError, ValueError) as failure:
-                report("error", error=str(failure))
+            except (TypeError, MessageRefused) as failure:
+                report_failure(failure, "error", str(failure))
                 raise

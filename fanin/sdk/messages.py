@@ -20,6 +20,10 @@ Guarantees:
   (``{1: ..., "1": ...}``), a branch both required and optional, a number the message table
   refuses (``deadline_s=10**400``)... The rules live in the parser only; contract names are
   checked only against the names given (the emitter does not read the contracts file).
+- ``refuse_unreportable(msg, max_bytes)`` is the same check for a receipt built before its
+  branch runs (``fanin.sdk.emitter``): a code point UTF-8 cannot encode (a lone surrogate in a
+  name or in the context) is not a ``TypeError`` there but is handed to the parser as it is,
+  which refuses it (``not_utf8``); the ``MessageRefused`` then names the field.
 - ``fit_error(text, budget)`` makes any error text sendable (see its docstring for the rule).
 """
 
@@ -34,7 +38,8 @@ from fanin.contracts.parsing import parse_message
 from fanin.sdk.context import JoinContext
 
 __all__ = ["ERROR_TEXT_LIMIT", "STATUSES", "MessageRefused", "Status", "encode_message",
-           "fit_error", "open_message", "receipt_message", "refuse_unparsable"]
+           "fit_error", "open_message", "receipt_message", "refuse_unparsable",
+           "refuse_unreportable"]
 
 Status = Literal["ok", "error", "timeout", "skipped"]
 STATUSES: tuple[Status, ...] = ("ok", "error", "timeout", "skipped")
@@ -161,6 +166,40 @@ def refuse_unparsable(msg: dict[str, Any], line: str, max_bytes: int,
                             max_bytes)
     if dead is not None:
         raise MessageRefused(_where(msg), dead["error"], dead["detail"])
+
+
+def _not_utf8(text: object) -> bool:
+    if not isinstance(text, str):
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def refuse_unreportable(msg: dict[str, Any], max_bytes: int,
+                        contracts: Container[str] | None = None) -> None:
+    """Raise ``MessageRefused`` if ``fanin run`` would dead-letter ``msg``, a message whose
+    fields are all strings and integers (a receipt built before its branch runs).
+
+    Like ``refuse_unparsable`` on its encoding, except that a string UTF-8 cannot encode (a
+    lone surrogate) is not a ``TypeError``: the line is handed to the parser with the code
+    points as they are, and the parser refuses it (``not_utf8``); the detail then names the
+    field(s) holding one."""
+    try:
+        line = encode_message(msg)
+    except TypeError:
+        line = _ENCODER.encode(msg)  # keeps lone surrogates: the parser decides
+    try:
+        refuse_unparsable(msg, line, max_bytes, contracts)
+    except MessageRefused as refused:
+        bad = [name for name, text in msg.items() if _not_utf8(text)]
+        if refused.error != "not_utf8" or not bad:
+            raise
+        raise MessageRefused(_where(msg), refused.error,
+                             f"{refused.detail} (a lone surrogate in field(s) "
+                             f"{', '.join(bad)})") from None
 
 
 ERROR_TEXT_LIMIT = 16 * 1024

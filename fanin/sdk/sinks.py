@@ -21,6 +21,11 @@ Guarantees:
 - ``flush_timeout_s`` bounds a whole ``flush``: when it passes, every publish not yet confirmed
   is reported in the ``PublishError`` as not confirmed in time (it may still arrive), next to
   the messages that failed, each with its reason.
+- ``PubSubSink.close`` delivers every message published before it (or reports it in its
+  ``PublishError``): a client the sink created is stopped first when ordering is off (the
+  pending batches are sent at once), and only after every pending publish is confirmed, failed
+  or given up on by the flush when ``ordering_by_join=True`` (the client's stop sends just the
+  first pending batch of each ordering key and cancels the others).
 - At interpreter exit, every ``JsonlFileSink``/``PubSubSink`` still holding unflushed messages
   is closed (so flushed), after an ``UnflushedMessagesWarning`` naming the sink and the count;
   a failure of that flush is a second warning. Close your sinks (or use ``with``).
@@ -365,14 +370,29 @@ class PubSubSink(Sink):
             raise PublishError(failures)
 
     def close(self) -> None:
-        """Stop the client this sink created (which sends every pending batch at once), then
-        flush; raises like ``flush``. An injected client is flushed, not stopped. Publishes a
-        flush gave up on are left to the client's retries (daemon threads: they never delay
-        the interpreter's exit)."""
+        """Deliver every message published so far, then release the client; raises like
+        ``flush``. Idempotent.
+
+        A client this sink created is stopped: without ordering first, which sends every
+        pending batch at once, then the sink flushes; with ``ordering_by_join=True`` after the
+        flush (the client's stop would send only the first pending batch of each ordering key
+        and cancel the rest: its batches go one after another, each when the previous one is
+        confirmed, as ordering requires), and also when the flush raises. An injected client
+        is flushed, not stopped. Publishes a flush gave up on are left to the client's retries
+        (daemon threads: they never delay the interpreter's exit); with ordering, stopping the
+        client cancels those still queued behind another batch of their join.
+        """
         with self._changed:
             if self._closed:
                 return
             self._closed = True
-        if self._owned:
+        if not self._owned:
+            self.flush()
+        elif self.ordering_by_join:
+            try:
+                self.flush()
+            finally:
+                self._publisher.stop()
+        else:
             self._publisher.stop()
-        self.flush()
+            self.flush()

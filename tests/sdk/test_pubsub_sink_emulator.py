@@ -11,6 +11,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support.child_env import same_code_env
@@ -129,3 +130,29 @@ def test_a_full_sink_pushes_back_then_refuses_clearly(pubsub_emulator: PubSubEmu
             emitter.close()
     finally:
         pubsub_emulator.restart()
+
+
+def test_close_with_ordering_delivers_every_batch_of_a_join(
+        pubsub_emulator: PubSubEmulator) -> None:
+    """One join's messages fill several batches of its ordering key; the client's stop() sends
+    only the first and cancels the rest ("Batch cancelled because the publisher client has been
+    stopped"), so ``close`` must not stop it before they are confirmed."""
+    topic, subscription = pubsub_emulator.topic_and_subscription("ordered", ack_deadline_s=60)
+    sink = PubSubSink(topic, ordering_by_join=True)
+    emitter = Emitter(sink)
+    ctx = JoinContext.new(run_id="ordered-close")
+    sent = [emitter.open(ctx, required=[f"b{i}" for i in range(19)])]
+    sent += [emitter.emit(ctx, f"b{i}", "ok", value="z" * 240_000) for i in range(19)]
+    emitter.close()  # ~4.6 MB of one ordering key: five batches of at most 1 MB
+    assert sink.held() == 0
+    got: list[Any] = []
+    wanted = {m["message_id"] for m in sent}
+
+    def all_arrived() -> bool:
+        got.extend(pubsub_emulator.pull(subscription, max_messages=5))
+        return {m.attributes["message_id"] for m in got} >= wanted
+
+    assert wait_for(all_arrived, 60, 0.1), f"{len(got)} of {len(wanted)} arrived"
+    arrived = [json.loads(m.data) for m in got]
+    assert sorted(m["message_id"] for m in arrived) == sorted(wanted)
+    emitter.close()  # idempotent

@@ -9,7 +9,7 @@ import threading
 from collections.abc import Collection
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -332,3 +332,45 @@ def test_pubsub_sink_builds_a_batching_ordered_client(monkeypatch: pytest.Monkey
     assert made["batch_settings"].max_messages == 100
     sink.close()
     assert sink._publisher.stopped  # the sink created it, so the sink stops it
+
+
+def test_an_ordered_sink_stops_its_client_once_every_publish_is_settled(
+        monkeypatch: pytest.MonkeyPatch, ctx: JoinContext) -> None:
+    """The client's stop() sends only the first pending batch of an ordering key and cancels
+    the rest, so ``close`` with ordering flushes first (the emulator test shows the loss)."""
+    from google.cloud import pubsub_v1
+
+    class Client(FakePublisher):
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__()
+            self.pending: list[Future[str]] = []
+            self.pending_at_stop = -1
+
+        def publish(self, topic: str, data: bytes, ordering_key: str = "",
+                    **attrs: str) -> Future[str]:
+            self.published.append((topic, data, ordering_key, attrs))
+            self.pending.append(Future())
+            return self.pending[-1]
+
+        def stop(self) -> None:
+            self.pending_at_stop = sum(not f.done() for f in self.pending)
+            self.stopped = True
+
+    monkeypatch.setattr(pubsub_v1, "PublisherClient", Client)
+    for ordering, pending_at_stop in ((True, 0), (False, 3)):
+        sink = PubSubSink("projects/p/topics/t", ordering_by_join=ordering, flush_timeout_s=30)
+        client = cast(Client, sink._publisher)
+        emitter = Emitter(sink)
+        for branch in ("a", "b", "c"):
+            emitter.emit(ctx, branch, "ok")
+        confirm = threading.Timer(0.2, lambda c=client: [f.set_result("id") for f in c.pending])
+        confirm.start()
+        emitter.close()
+        confirm.join()
+        assert (client.stopped, client.pending_at_stop) == (True, pending_at_stop)
+    sink = PubSubSink("projects/p/topics/t", ordering_by_join=True, flush_timeout_s=0.2)
+    client = cast(Client, sink._publisher)
+    Emitter(sink).emit(ctx, "a", "ok")
+    with pytest.raises(PublishError, match="not confirmed within flush_timeout_s"):
+        sink.close()
+    assert client.stopped  # stopped also when the flush gave up

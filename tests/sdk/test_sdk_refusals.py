@@ -3,6 +3,7 @@ one receipt for any branch exception, generators as branch lists, attempts acros
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -198,6 +199,137 @@ def test_a_branch_that_could_never_report_is_refused_before_its_body(
     with pytest.raises(MessageRefused, match="too_large"), emitter.receipt(ctx, "b" * 2000):
         ran.append(1)
     assert (ran, sink.lines) == ([], [])
+
+
+LAST_ATTEMPT = 2**63 - 1
+"""The highest attempt the pipeline accepts (docs/spec.md §1)."""
+
+
+def _unreportable(**changes: Any) -> dict[str, Any]:
+    """Arguments of a branch run whose receipt the pipeline would dead-letter, whatever its
+    outcome: ``ctx``, ``branch``, ``key``, ``attempt``, and the emitter's ``contracts``."""
+    ctx = JoinContext.new(run_id="r", join_id="j-1")
+    return {"ctx": ctx, "branch": "b", "key": None, "attempt": None, "contracts": None,
+            **changes}
+
+
+UNREPORTABLE = [
+    pytest.param(_unreportable(branch="br\ud800"), "not_utf8", "field(s) branch",
+                 id="branch-surrogate"),
+    pytest.param(_unreportable(key="k\udc00"), "not_utf8", "field(s) key", id="key-surrogate"),
+    pytest.param(_unreportable(ctx=JoinContext.new(join_id="j\ud800")), "not_utf8",
+                 "field(s) join_id", id="join_id-surrogate"),
+    pytest.param(_unreportable(ctx=JoinContext.new(run_id="r\udfff")), "not_utf8",
+                 "field(s) run_id", id="run_id-surrogate"),
+    pytest.param(_unreportable(ctx=JoinContext.new(contract="c\ud800")), "not_utf8",
+                 "field(s) contract", id="contract-surrogate"),
+    pytest.param(_unreportable(ctx=JoinContext.new(contract="nope"), contracts={"triage"}),
+                 "unknown_contract", "no contract named 'nope'", id="unknown-contract"),
+    pytest.param(_unreportable(attempt=LAST_ATTEMPT + 1), "invalid_message", "attempt",
+                 id="explicit-attempt-2**63"),
+]
+
+
+@pytest.mark.parametrize("way", ["with", "async with", "decorator", "async decorator"])
+@pytest.mark.parametrize(("run", "code", "reason"), UNREPORTABLE)
+def test_a_branch_whose_receipt_would_be_dead_lettered_is_refused_before_its_body(
+        sink: MemorySink, run: dict[str, Any], code: str, reason: str, way: str) -> None:
+    emitter = Emitter(sink, contracts=run["contracts"])
+    ran = []
+    options = {"key": run["key"], "attempt": run["attempt"]}
+
+    def body() -> None:
+        ran.append(1)
+        raise KeyError("real failure")
+
+    async def async_body() -> None:
+        body()
+
+    async def in_async_with() -> None:
+        async with emitter.receipt(run["ctx"], run["branch"], **options):
+            body()
+
+    with pytest.raises(MessageRefused) as refused:
+        if way == "with":
+            with emitter.receipt(run["ctx"], run["branch"], **options):
+                body()
+        elif way == "async with":
+            asyncio.run(in_async_with())
+        elif way == "decorator":
+            emitter.branch(run["ctx"], run["branch"], **options)(body)()
+        else:
+            asyncio.run(emitter.branch(run["ctx"], run["branch"], **options)(async_body)())
+    assert (ran, sink.lines) == ([], [])
+    assert refused.value.error == code
+    assert f"({code})" in str(refused.value) and reason in str(refused.value)
+    assert f"branch {run['branch']!r}" in str(refused.value)
+
+
+def test_a_retry_past_the_last_attempt_is_refused_before_its_body(sink: MemorySink) -> None:
+    emitter = Emitter(sink)
+    ctx = JoinContext.new(run_id="r").with_attempt(LAST_ATTEMPT)
+    with emitter.receipt(ctx, "c") as first:
+        first.value = 1
+    ran = []
+    with pytest.raises(MessageRefused, match=r"\(invalid_message\): .*attempt"), \
+            emitter.receipt(ctx, "c") as again:  # a retry: attempt 2**63, past the last
+        ran.append(1)
+        again.value = 2
+
+    @emitter.branch(ctx, "c")
+    def retry() -> None:
+        ran.append(1)
+        raise KeyError("real failure")
+
+    with pytest.raises(MessageRefused, match="attempt"):
+        retry()
+    with pytest.raises(MessageRefused, match="attempt"):  # a callable attempt is checked too
+        emitter.branch(ctx, "d", attempt=lambda: LAST_ATTEMPT + 1)(retry)()
+    assert ran == []
+    assert [parsed(line)["attempt"] for line in sink.lines] == [LAST_ATTEMPT]
+
+
+def test_a_reportable_branch_still_runs_and_raises_its_own_exception(sink: MemorySink) -> None:
+    emitter = Emitter(sink, contracts={"triage"})
+    ctx = JoinContext.new(contract="triage").with_attempt(LAST_ATTEMPT)
+    failure = KeyError("real failure")
+
+    @emitter.branch(ctx, "b\u00e9", key="k\U0001f600")
+    def work() -> None:
+        raise failure
+
+    with pytest.raises(KeyError) as raised:
+        work()
+    assert raised.value is failure and raised.value.__cause__ is None
+    assert not getattr(failure, "__notes__", None)
+    (line,) = sink.lines
+    receipt = parsed(line)
+    assert (receipt["status"], receipt["attempt"]) == ("error", LAST_ATTEMPT)
+    assert receipt["error"] == "KeyError: 'real failure'"
+
+
+def test_a_body_exception_is_never_replaced_by_a_refused_receipt(sink: MemorySink) -> None:
+    """The one way past the check: another run of the same branch takes the last attempt while
+    this one runs; its receipt cannot be sent, and its exception still reaches the caller."""
+    emitter = Emitter(sink)
+    ctx = JoinContext.new(run_id="r").with_attempt(LAST_ATTEMPT)
+    failure = KeyError("real failure")
+    with pytest.raises(KeyError) as raised, emitter.receipt(ctx, "c"):
+        with emitter.receipt(ctx, "c") as other:  # finishes first: attempt 2**63-1
+            other.value = 1
+        raise failure
+    assert raised.value is failure
+    assert any("no receipt was sent for branch 'c'" in note and "attempt" in note
+               for note in failure.__notes__)
+    assert [parsed(line)["attempt"] for line in sink.lines] == [LAST_ATTEMPT]
+    with pytest.raises(MessageRefused, match="attempt") as refused, \
+            emitter.receipt(ctx, "e") as late:  # the same race, the body returning a value
+        with emitter.receipt(ctx, "e") as other:
+            other.value = 1
+        late.value = 2
+    assert any("no receipt was sent for branch 'e'" in note
+               for note in refused.value.__notes__)
+    assert len(sink.lines) == 2
 
 
 # -- item 2: the attempt travels -------------------------------------------------------------
