@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from spec.invariants import check_run
 from spec.joins import CONTRACTS, CONTRACTS_YAML, HypothesisDraw, RandomDraw, batch_lines
 from spec.reference import Env, reference_outputs
-from spec.runs import bounded_run, by_join, core_run, replay_run
+from spec.runs import arrival_order, bounded_run, by_join, core_run, replay_run
 
 EXAMPLES = int(os.environ.get("FANIN_SPEC_EXAMPLES", "300"))
 # Shrinking a failure to a minimal batch takes minutes; the failure message already shows the
@@ -109,6 +109,23 @@ def test_per_join_limit_in_bounded_and_watermark_replay_equals_reference(
         "bounded": bounded_run(lines, folder / "bounded", CONTRACTS_YAML, env),
         "replay": replay_run(lines, folder / "replay", CONTRACTS_YAML, env),
     })
+
+
+@_pipeline_settings
+@given(seed=st.integers(0, 2**32 - 1), limit=st.sampled_from([None, 2, 3]),
+       lag=st.sampled_from([1.0, 5.0, 30.0]))
+def test_sorted_replay_with_a_disorder_allowance_equals_reference(
+        seed: int, limit: int | None, lag: float, tmp_path_factory: pytest.TempPathFactory
+        ) -> None:
+    """docs/spec.md §4: with the watermark trigger and no message behind the watermark, a
+    stream equals the bounded result, whatever the watermark's lag: sorted input replayed with
+    a disorder allowance (the watermark then trails the event times, so a join's next
+    messages arrive before its close or its tombstone's end is decided)."""
+    env = Env(CONTRACTS) if limit is None else Env(CONTRACTS, max_messages_per_join=limit)
+    lines = arrival_order(batch_lines(RandomDraw(random.Random(seed)), JOINS_PER_RUN // 2), env)
+    found = replay_run(lines, tmp_path_factory.mktemp("lagged"), CONTRACTS_YAML, env,
+                       max_disorder_s=lag)
+    assert_same(lines, env, {"replay": found})
 
 
 @_pipeline_settings
