@@ -146,7 +146,8 @@ class FaninCallbackHandler(BaseCallbackHandler):
                 return
             node = meta.get("langgraph_node")
             namespace = meta.get("langgraph_checkpoint_ns", "")
-            if (parent_run_id is None or node != name or node not in self._nodes
+            if (parent_run_id is None or node != name
+                    or (node not in self._nodes and node != START)
                     or "|" in namespace or f"graph:step:{meta.get('langgraph_step')}"
                     not in (tags or ())):
                 return
@@ -154,7 +155,9 @@ class FaninCallbackHandler(BaseCallbackHandler):
             run = self._runs.get(parent_run_id)
             if run is None:
                 run = self._runs[parent_run_id] = _GraphRun()
-                self._fan_out(run, parent_run_id, step, START, set(self._static[START]), [])
+                if node != START:  # no START task seen: its static edges alone
+                    self._fan_out(run, parent_run_id, step, START, set(self._static[START]),
+                                  [])
             task = _Task(node, step, namespace, parent_run_id)
             self._tasks[run_id] = task
             run.tasks.add(run_id)
@@ -194,7 +197,9 @@ class FaninCallbackHandler(BaseCallbackHandler):
             task, run = found
             if isinstance(error, GraphBubbleUp):
                 return
-            text = describe(type(error).__name__, str(error))
+            if not isinstance(error, Exception):  # cancelled: the attempt did not finish
+                return
+            text = describe(type(error).__name__, _text_of(error))
             for ctx, branch in run.targets.get(task.namespace, ()):
                 self._reporter.error(ctx, branch, text, attempt=run.attempts[task.namespace])
 
@@ -263,6 +268,15 @@ class FaninCallbackHandler(BaseCallbackHandler):
             run.expected[(step, node)].append((ctx, node))
         for name, send in sends:
             run.sends[(step, send.node)].append(_SendSlot((ctx, name), send.arg))
+
+
+def _text_of(error: BaseException) -> str:
+    """``str(error)``, or a description when that raises (the node's own exception must
+    reach the caller, not one raised while reporting it)."""
+    try:
+        return str(error)
+    except Exception as failure:  # any __str__ may fail
+        return f"<str() of the exception failed: {type(failure).__name__}>"
 
 
 def attach(graph: Any, emitter: Emitter, *, contract: str | None = None,

@@ -61,6 +61,46 @@ def goto_graph() -> Any:
     return graph.compile()
 
 
+def start_routes_graph() -> Any:
+    """``START`` fans out by a static edge and a conditional edge with a path map."""
+    graph = StateGraph(example.Triage)
+    graph.add_node("rank", lambda s: {"score": 0.5})
+    graph.add_node("retrieve", lambda s: {"docs": ["a doc"]})
+    graph.add_node("review_legal", lambda s: {"verdict": "fine"})
+    graph.add_edge(START, "rank")
+    graph.add_conditional_edges(START, lambda s: "retrieve",
+                                {"retrieve": "retrieve", "legal": "review_legal"})
+    for node in ("rank", "retrieve", "review_legal"):
+        graph.add_edge(node, END)
+    return graph.compile()
+
+
+class Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no text")
+
+
+def failing_graph(second: Callable[[Any], Any]) -> Any:
+    """``plan`` fans out to ``rank`` (raises) and ``retrieve`` (``second``)."""
+    graph = StateGraph(example.Triage)
+    graph.add_node("plan", lambda s: {})
+
+    def rank(state: Any) -> Any:
+        raise Unprintable if second is None else ValueError("no ranker")
+
+    graph.add_node("rank", rank)
+    graph.add_node("retrieve", second or (lambda s: {"docs": ["a doc"]}))
+    graph.add_edge(START, "plan")
+    for node in ("rank", "retrieve"):
+        graph.add_edge("plan", node)
+        graph.add_edge(node, END)
+    return graph.compile()
+
+
+async def _never(state: Any) -> Any:
+    await asyncio.Event().wait()  # runs until LangGraph cancels it (a sibling failed)
+
+
 def _invoke(graph: Any) -> Any:
     return graph.invoke(CONTRACT_QUESTION)
 
@@ -83,6 +123,9 @@ VARIANTS: dict[str, tuple[Callable[[], Any], Callable[[Any], Any]]] = {
     "sends": (sends_graph, lambda graph: graph.invoke({"question": "q"})),
     "start": (start_graph, _invoke),
     "goto": (goto_graph, _invoke),
+    "start_routes": (start_routes_graph, _invoke),
+    "cancelled": (lambda: failing_graph(_never), _ainvoke),
+    "unprintable": (lambda: failing_graph(None), _invoke),
 }
 
 
@@ -187,6 +230,28 @@ def test_a_fan_out_from_start_and_a_command_goto_are_joins_too(runs: Runs) -> No
     state, close = runs["goto"]
     assert (close["reason"], close["pruned"]) == ("complete", ["review_legal"])
     assert close["values"] == {"verdict": state["verdict"]} == {"verdict": "code looks fine"}
+
+
+def test_conditional_routes_from_start_open_the_join_with_the_static_ones(runs: Runs) -> None:
+    state, close = runs["start_routes"]  # the conditional routes from START were not reported
+    assert (close["reason"], close["required"], close["pruned"]) == (
+        "complete", ["rank", "retrieve", "review_legal"], ["review_legal"])
+    assert close["values"] == {"docs": state["docs"], "score": state["score"]}
+
+
+def test_a_branch_cancelled_when_a_sibling_fails_is_missing_not_failed(runs: Runs) -> None:
+    error, close = runs["cancelled"]
+    assert isinstance(error, ValueError)
+    assert (close["reason"], close["failed"], close["missing"]) == (
+        "timeout", ["rank"], ["retrieve"])  # retrieve's CancelledError was an error receipt
+    assert "retrieve" not in close["branches"]
+
+
+def test_an_exception_whose_text_fails_still_reaches_the_caller(runs: Runs) -> None:
+    error, close = runs["unprintable"]
+    assert isinstance(error, Unprintable)  # was the handler's own RuntimeError
+    assert close["branches"]["rank"]["error"] == \
+        "Unprintable: <str() of the exception failed: RuntimeError>"
 
 
 def test_attach_refuses_what_is_not_a_compiled_state_graph() -> None:
