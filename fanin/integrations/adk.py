@@ -39,6 +39,7 @@ identify them).
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
@@ -105,6 +106,17 @@ class _Invocation:
     waiting: dict[NodeKey, deque[Target]] = field(default_factory=lambda: defaultdict(deque))
     started: set[str] = field(default_factory=set)  # workflows whose START fan-out is open
     members: dict[str, _NodeRun] = field(default_factory=dict)  # running ParallelAgent members
+
+
+def _being_cancelled() -> bool:
+    """Whether the running task is being cancelled (a sibling of a parallel fan-out failed,
+    and ADK cancels the others; their ``after_agent_callback`` still runs)."""
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # no event loop running
+        return False
+    cancelling = getattr(task, "cancelling", None)  # Python 3.11+ (3.10 cannot tell)
+    return cancelling is not None and cancelling() > 0
 
 
 def _is_parallel(agent: Any) -> bool:
@@ -183,6 +195,8 @@ class FaninPlugin(BasePlugin):
         with self._lock:
             inv = self._invocation(callback_context.get_invocation_context())
             member = inv.members.pop(agent.name, None)
+            if _being_cancelled():  # ADK calls this as a cancelled agent unwinds: not finished
+                return
             if member is not None:
                 self._complete(member)
             workflow = self._owners.get(agent.name)

@@ -10,11 +10,11 @@ join that waits must not hang the test), all emitted lines go through one bounde
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 import pytest
-from google.adk.agents import ParallelAgent, SequentialAgent
+from google.adk.agents import BaseAgent, ParallelAgent, SequentialAgent
 from google.adk.apps import App
 from google.adk.runners import Runner
 from google.adk.sessions import InMemorySessionService
@@ -64,6 +64,29 @@ def parallel_app(verdicts: tuple[str, str] | None = None, failing: bool = False)
         step(name="plan", output="q"), ParallelAgent(name="fan", sub_agents=members)]))
 
 
+class Waiting(BaseAgent):
+    """A branch that runs until ADK cancels it (a sibling of its fan-out failed)."""
+
+    async def _run_async_impl(self, ctx: Any) -> AsyncGenerator[Any, None]:
+        await asyncio.Event().wait()
+        for event in ():  # an async generator, as ADK expects; never reached
+            yield event
+
+
+def cancelled_app(parallel: bool) -> App:
+    """``plan``, then a fan-out to ``rank`` (fails) and ``wait`` (cancelled by the failure):
+    a ``ParallelAgent``, or a workflow node's edges."""
+    step = example.Step
+    rank, wait, plan = step(name="rank", failures=1), Waiting(name="wait"), \
+        step(name="plan", output="q")
+    if parallel:
+        return App(name="cancelled", root_agent=SequentialAgent(name="root", sub_agents=[
+            plan, ParallelAgent(name="fan", sub_agents=[rank, wait])]))
+    join = JoinNode(name="join")
+    return App(name="cancelled", root_agent=Workflow(name="top", edges=[
+        (START, plan), (plan, (rank, wait)), (rank, join), (wait, join)]))
+
+
 VARIANTS: dict[str, Callable[[], Any]] = {
     "agree": lambda: example.build(QUESTION),
     "conflict": lambda: example.build(QUESTION, rank_state={"verdict": "rank disagrees"}),
@@ -74,6 +97,8 @@ VARIANTS: dict[str, Callable[[], Any]] = {
     "parallel": parallel_app,
     "parallel_conflict": lambda: parallel_app(("relevant", "irrelevant")),
     "parallel_failure": lambda: parallel_app(failing=True),
+    "parallel_cancelled": lambda: cancelled_app(parallel=True),
+    "workflow_cancelled": lambda: cancelled_app(parallel=False),
 }
 Runs = dict[str, tuple[Any, Any]]
 
@@ -187,6 +212,16 @@ def test_a_failing_parallel_member_fails_the_run_and_the_join(runs: Runs) -> Non
     assert isinstance(outcome, RuntimeError)
     assert (close["reason"], close["failed"]) == ("timeout", ["summarize"])
     assert close["branches"]["summarize"]["error"] == "RuntimeError: summarize busy (call 1)"
+
+
+@pytest.mark.parametrize("variant", ["parallel_cancelled", "workflow_cancelled"])
+def test_a_branch_cancelled_when_a_sibling_fails_is_missing_not_ok(runs: Runs,
+                                                                   variant: str) -> None:
+    outcome, close = runs[variant]
+    assert isinstance(outcome, RuntimeError)
+    assert (close["reason"], close["failed"], close["missing"]) == (
+        "timeout", ["rank"], ["wait"])  # wait was an ok receipt of value null
+    assert "wait" not in close["branches"] and close["values"] == {}
 
 
 def test_the_example_completes_both_routes(runs: Runs) -> None:
