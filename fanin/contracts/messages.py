@@ -13,6 +13,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import sys
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
@@ -49,6 +50,15 @@ class _Message(BaseModel):
     message_id: str | None = None
 
 
+def _beyond_double(value: Any) -> Any:
+    """An integer ``deadline_s`` beyond double range is the largest double of its sign: ``D``
+    is capped at the end of year 9999 either way (docs/spec.md §2), as for ``1e300``, and a
+    negative one is refused as any negative deadline is."""
+    if type(value) is int and abs(value) > sys.float_info.max:
+        return sys.float_info.max if value > 0 else -sys.float_info.max
+    return value
+
+
 class OpenMessage(_Message):
     """``kind: "open"``: one per fan-out; defines the join (docs/spec.md §1-2)."""
 
@@ -56,7 +66,8 @@ class OpenMessage(_Message):
     opened_at: Millis
     required: list[Name] | None = None
     optional: list[Name] | None = None
-    deadline_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
+    deadline_s: Annotated[float, BeforeValidator(_beyond_double),
+                          Field(gt=0, allow_inf_nan=False)] | None = None
     allow_partial: bool | None = None
     fail_fast: bool | None = None
 

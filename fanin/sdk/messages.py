@@ -17,8 +17,8 @@ Guarantees:
   function ``fanin run`` applies to every input message) on an encoded line and raises
   ``MessageRefused`` with the dead-letter code and reason when ``fanin run`` would refuse it:
   size over ``max_bytes``, nesting deeper than ``MAX_DEPTH``, fields that collide once encoded
-  (``{1: ..., "1": ...}``), a branch both required and optional, a number the message table
-  refuses (``deadline_s=10**400``)... The rules live in the parser only; contract names are
+  (``{1: ..., "1": ...}``), a branch both required and optional, an ``attempt`` past
+  2**63-1... The rules live in the parser only; contract names are
   checked only against the names given (the emitter does not read the contracts file).
 - ``refuse_unreportable(msg, max_bytes)`` is the same check for a receipt built before its
   branch runs (``fanin.sdk.emitter``): a code point UTF-8 cannot encode (a lone surrogate in a

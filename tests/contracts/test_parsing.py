@@ -4,6 +4,7 @@ loader."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -79,6 +80,17 @@ def test_dead_letter_details_speak_json(data: str, dead: tuple[str, str]) -> Non
     """The details name JSON's types and limits, not Python's (NoneType, list; 'use
     sys.set_int_max_str_digits()')."""
     assert error_of(data) == dead
+
+
+def test_an_integer_deadline_beyond_double_range_is_capped_like_1e300() -> None:
+    def deadline(value: str) -> Any:
+        text = ('{"kind":"open","join_id":"k","opened_at":"2026-01-01T00:00:00Z",'
+                '"required":["a"],"deadline_s":' + value + "}")
+        record, dead = parse_message(text, SRC, ("triage",), 1 << 20)
+        return dead["detail"] if record is None else record[R.O_DEADLINE_MS]
+
+    assert deadline("9" * 401) == deadline("1e300") == deadline("1e15")  # was "a valid number"
+    assert deadline("-" + "9" * 401) == "field deadline_s: Input should be greater than 0"
 
 
 def test_every_bad_field_is_named_once() -> None:
