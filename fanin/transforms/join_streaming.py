@@ -19,7 +19,7 @@ from apache_beam.utils.timestamp import Timestamp
 from fanin.contracts import records as R
 from fanin.contracts.catalog import Catalog
 from fanin.core.bounded import TOO_LARGE_DETAIL, UNDEFINED_DETAIL, message_bytes
-from fanin.core.closing import Closed, Undefined, decide, late_reason
+from fanin.core.closing import Closed, Pending, Undefined, decide, late_reason
 from fanin.core.outcomes import LATE, closed_outputs, late_object, rejected_outputs
 from fanin.core.reducer import JoinReducer
 from fanin.transforms.join_outputs import (
@@ -35,6 +35,7 @@ __all__ = ["JoinDoFn"]
 
 _MAX_TS_MS = GlobalWindow().max_timestamp().micros // 1000 - 1
 _NO_HORIZON = -(2**62)  # nothing is known to be complete before the first timer fires
+_WALK_LIMIT = 1_000  # records up to which an out-of-order arrival re-walks the decision
 
 # META, the streaming join's bookkeeping (one list, one state read and write per arrival):
 # EPOCH  random id of the bag's current contents (the reducer cache is valid for one epoch)
@@ -51,8 +52,9 @@ EPOCH, COUNT, HORIZON, WAKE, TOMB, FULL, BYTES = range(7)
 _META_DEFAULTS = (None, 0)  # FULL, BYTES of a META written by an earlier Fanin (see _read_meta)
 
 
-# join id -> (epoch, count, reducer, the bag's records in bag order)
-_Cache = OrderedDict[str, tuple[int, int, JoinReducer, list[R.Record]]]
+# join id -> (epoch, count, reducer, the bag's records in bag order, their latest event time)
+_Entry = tuple[int, int, JoinReducer, list[R.Record], int]
+_Cache = OrderedDict[str, _Entry]
 # The reducer caches of this process, by JoinDoFn token (the last _MAX_CACHES used). The local
 # runner runs every bundle with a fresh unpickled copy of the DoFn; copies of one JoinDoFn share
 # its token, so its cache lives across bundles (and timers) there as well.
@@ -155,18 +157,18 @@ class JoinDoFn(_Counting):
         reducer = _core(JoinReducer, self._catalog)
         for record in records:
             _core(reducer.add, record)
-        self._remember(join_id, epoch, count, reducer, records)
+        self._remember(join_id, epoch, count, reducer, records,
+                       max(record[R.TIME] for record in records))
         return reducer
 
     def _remember(self, join_id: str, epoch: int, count: int, reducer: JoinReducer,
-                  records: list[R.Record]) -> None:
-        self._cache[join_id] = (epoch, count, reducer, records)
+                  records: list[R.Record], latest: int) -> None:
+        self._cache[join_id] = (epoch, count, reducer, records, latest)
         self._cache.move_to_end(join_id)
         while len(self._cache) > self._cache_size:
             self._cache.popitem(last=False)
 
-    def _cached(self, join_id: str, epoch: int, count: int
-                ) -> tuple[int, int, JoinReducer, list[R.Record]] | None:
+    def _cached(self, join_id: str, epoch: int, count: int) -> _Entry | None:
         """The cache's entry for ``join_id`` when it holds the state's epoch and count."""
         cached = self._cache.get(join_id)
         return cached if cached is not None and cached[0] == epoch and cached[1] == count \
@@ -190,6 +192,18 @@ class JoinDoFn(_Counting):
         if reducer.definition.close_trigger == "eager":
             return True
         return wake is None or wake <= horizon or record[R.TIME] < wake
+
+    def _first_decision(self, records: list[R.Record], deadline: int) -> int:
+        """The first time the closing decision over ``records`` can be made: a close time of
+        a prefix, or an earlier ``D`` in force before later records moved it (docs/spec.md §2,
+        definition over time). Only asked for a record that arrives out of event-time order:
+        in order, the pending ``DECIDE`` was set for the earlier decision points already. An
+        ``eager`` join whose prefix was closable before a conflicting record waits for ``D``
+        (docs/spec.md §4), so only a pending time counts. The walk reads every record (about
+        1 µs each): a join holding ``_WALK_LIMIT`` records or more waits for ``D`` of them all,
+        or for all of them to be closable, as docs/spec.md §4 says."""
+        outcome = _core(decide, records, self._catalog, _NO_HORIZON)
+        return outcome.wake_at if isinstance(outcome, Pending) else deadline
 
     @staticmethod
     def _set(timer: Any, ms: int) -> None:
@@ -358,13 +372,15 @@ class JoinDoFn(_Counting):
         msgs.add(record)
         self._holding = True
         if cached is not None:
-            reducer, records = cached[2], cached[3]
+            reducer, records, latest = cached[2], cached[3], cached[4]
             _core(reducer.add, record)
             records.append(record)
-            self._remember(join_id, epoch, count + 1, reducer, records)
+            latest = max(latest, record[R.TIME])
+            self._remember(join_id, epoch, count + 1, reducer, records, latest)
         else:
             records = list(msgs.read())
             reducer = self._rebuild(join_id, epoch, count + 1, records)
+            latest = self._cache[join_id][4]
         if record[R.TIME] <= horizon or (_core(reducer.closable) and self._decide_now(
                 reducer, record, horizon, wake)):
             # _settle writes META (or clears the state) on every path
@@ -375,6 +391,8 @@ class JoinDoFn(_Counting):
         deadline = _core(reducer.deadline)
         if deadline is None:
             raise ValueError("a join with records has a deadline")
+        if record[R.TIME] < latest and count < _WALK_LIMIT:  # out of event-time order
+            deadline = min(deadline, self._first_decision(records, deadline))
         target = deadline if wake is None or wake <= horizon else min(wake, deadline)
         if target != wake:
             self._set(decide_timer, target + 1)

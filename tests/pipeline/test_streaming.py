@@ -13,7 +13,7 @@ from apache_beam.testing.test_stream import TestStream
 from apache_beam.testing.util import assert_that, equal_to
 from apache_beam.transforms.window import TimestampedValue
 from apache_beam.utils.timestamp import Timestamp
-from support.builders import make_catalog, open_msg, receipt
+from support.builders import make_catalog, open_msg, receipt, ts
 
 from fanin.contracts.timefmt import parse_rfc3339
 from fanin.core.outcomes import CLOSES, DEAD_LETTER, LATE
@@ -181,6 +181,31 @@ def test_a_full_join_whose_close_is_final_lets_the_next_join_start() -> None:
          watermark(40)],
         {CLOSES: equal_to([("j", "timeout", "00:00:10", 2), ("j", "complete", "00:00:18", 3)]),
          LATE: equal_to([]), DEAD_LETTER: equal_to([])}, PROJECT, max_messages=3)
+
+
+def test_an_earlier_deadline_in_force_decides_though_a_later_message_arrived_first() -> None:
+    # "strict" (D = opened_at + 10 s): b@28 carrying opened_at 28 arrives before a@0. Over a@0
+    # alone D is 10 s, and b comes after it: the join times out at 10 s (docs/spec.md §2,
+    # definition over time). Its timer was set for D of both (38 s), so b@3, arriving once
+    # the watermark passed 10 s, joined the close.
+    run_stream(
+        [add(receipt("b", 28, status="error", opened_at=ts(28))),
+         add(receipt("a", 0, contract="strict")), watermark(30), add(receipt("b", 3))],
+        {CLOSES: equal_to([("j", "timeout", "00:00:10", 1)]),
+         LATE: equal_to([("j", "after_deadline", "timeout", "b"),
+                         ("j", "after_close", "timeout", "b")])}, PROJECT)
+
+
+def test_a_watermark_join_closes_when_the_watermark_passes_a_prefix_close_time() -> None:
+    # x@8 (an unknown branch, a conflict) arrives before a@2 and b@3: the messages up to 3 s
+    # make the join complete; it closes when the watermark passes 3 s, so y@1 arriving later
+    # is late (its timer waited for D = 10 s, and y, behind the watermark, made it a timeout)
+    run_stream(
+        [add(open_msg(contract="watch"), receipt("x", 8), receipt("a", 2), receipt("b", 3)),
+         watermark(9), add(receipt("y", 1))],
+        {CLOSES: equal_to([("j", "complete", "00:00:03", 3)]),
+         LATE: equal_to([("j", "after_close", "complete", "x"),
+                         ("j", "after_close", "complete", "y")])}, PROJECT)
 
 
 def test_receipts_before_their_open_and_out_of_order_delivery() -> None:
