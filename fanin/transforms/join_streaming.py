@@ -18,7 +18,7 @@ from apache_beam.utils.timestamp import Timestamp
 
 from fanin.contracts import records as R
 from fanin.contracts.catalog import Catalog
-from fanin.core.bounded import TOO_LARGE_DETAIL, UNDEFINED_DETAIL, message_bytes
+from fanin.core.bounded import TOO_LARGE_DETAIL, UNDEFINED_DETAIL, held_count, message_bytes
 from fanin.core.closing import Closed, Pending, Undefined, decide, late_reason
 from fanin.core.outcomes import LATE, closed_outputs, late_object, rejected_outputs
 from fanin.core.reducer import JoinReducer
@@ -103,7 +103,8 @@ class JoinDoFn(_Counting):
       tombstone's end go to ``late``; later ones (received before the watermark passed that
       end: a disorder allowance, or received before the close) wait in the bag and start the
       next join when ``EXPIRE`` fires, as in the bounded plan; one that does not fit the
-      per-join limits there is ``join_too_large``.
+      per-join limits there is classified by that join's final decision, as the bounded
+      plan's next round does (``_tombstoned``).
     - A tombstone is dropped by its ``EXPIRE`` timer, except one that ends at or after
       ``input_end_ms``: no record can arrive after the watermark passed its end, so dropping
       it cannot change any output, and it stays (without a timer) until the job ends. On a
@@ -268,18 +269,7 @@ class JoinDoFn(_Counting):
         the record's event time); the next join (an undefined join decided before it: that
         join is settled now and the record starts the next one); else ``join_too_large``.
         """
-        full = value[FULL]
-        if full is None:
-            outcome = _core(decide, list(msgs.read()), self._catalog, None)
-            if isinstance(outcome, Closed):
-                full = [outcome.closed_at, outcome.deadline, outcome.reason,
-                        outcome.tombstone_end]
-            elif isinstance(outcome, Undefined):
-                full = [None, outcome.decided_at, None]
-            else:
-                raise ValueError(f"a full join must be decided, not {outcome!r}")
-            value[FULL] = full
-            meta.write(value)
+        full = self._full_decision(value, msgs, meta)
         closed_at, deadline, reason = full[:3]
         boundary = full[3] if closed_at is not None and len(full) > 3 else None
         time = record[R.TIME]
@@ -300,12 +290,32 @@ class JoinDoFn(_Counting):
         else:
             yield from self._emit(rejected_outputs([record], "join_too_large", TOO_LARGE_DETAIL))
 
+    def _full_decision(self, value: list[Any], msgs: Any, meta: Any) -> list[Any]:
+        """``FULL``: the final decision over a full bag (computed once, then kept in META)."""
+        full = value[FULL]
+        if full is None:
+            outcome = _core(decide, list(msgs.read()), self._catalog, None)
+            if isinstance(outcome, Closed):
+                full = [outcome.closed_at, outcome.deadline, outcome.reason,
+                        outcome.tombstone_end]
+            elif isinstance(outcome, Undefined):
+                full = [None, outcome.decided_at, None]
+            else:
+                raise ValueError(f"a full join must be decided, not {outcome!r}")
+            value[FULL] = full
+            meta.write(value)
+        return list(full)
+
     def _tombstoned(self, record: R.Record, value: list[Any], tomb: list[Any], msgs: Any,
                     meta: Any, expire_timer: Any) -> Iterator[Any]:
         """A record for a closed join. Up to the tombstone's end it is late. After it, it
         belongs to the next join, which starts when the watermark passes that end: the record
-        waits in the bag for ``EXPIRE`` (``on_expire`` decides the next join), within the
-        per-join limits; one that does not fit is ``join_too_large``."""
+        waits in the bag for ``EXPIRE`` (``on_expire`` decides the next join). When the next
+        join's bag is full, its decision over what it holds is final (``FULL``), and the record
+        is what the bounded plan makes of it: late of that join if after its close and within
+        its tombstone; held for the join after it if after that (beyond the limit, until
+        ``EXPIRE`` settles the next join, which leaves it for the one after); else
+        ``join_too_large``."""
         close_reason, _, deadline, expiry = tomb
         time = record[R.TIME]
         if time <= expiry:
@@ -314,8 +324,20 @@ class JoinDoFn(_Counting):
             return
         size = value[BYTES] + message_bytes(record)
         if value[COUNT] >= self._max_messages or (value[COUNT] and size > self._max_bytes):
-            yield from self._emit(rejected_outputs([record], "join_too_large", TOO_LARGE_DETAIL))
-            return
+            value[BYTES] = max(value[BYTES], self._max_bytes)  # full: stays full
+            closed_at, next_deadline, reason, *rest = self._full_decision(value, msgs, meta)
+            boundary = rest[0] if closed_at is not None else next_deadline
+            if closed_at is not None and closed_at < time <= boundary:
+                meta.write(value)
+                yield from self._emit([(LATE, _core(late_object, record,
+                                                    late_reason(time, next_deadline), reason))])
+                return
+            if time <= boundary:
+                meta.write(value)
+                yield from self._emit(rejected_outputs([record], "join_too_large",
+                                                       TOO_LARGE_DETAIL))
+                return
+            size = value[BYTES] + message_bytes(record)
         msgs.add(record)
         self._holding = True
         value[COUNT] += 1
@@ -425,8 +447,9 @@ class JoinDoFn(_Counting):
                   decide_timer: Any = beam.DoFn.TimerParam(DECIDE),
                   expire_timer: Any = beam.DoFn.TimerParam(EXPIRE)) -> Iterator[Any]:
         """The tombstone's retention ended: drop it. Records after its end that arrived
-        meanwhile start the next join (decided as any join, ``_settle``); with none, all of
-        the join's state and timers are dropped."""
+        meanwhile start the next join (decided as any join, ``_settle``), which holds the
+        first of them within the per-join limits; the others then arrive at it as any record
+        does (``process``). With none, all of the join's state and timers are dropped."""
         self._cache.pop(key, None)
         value = _read_meta(meta)
         records = list(msgs.read())
@@ -434,9 +457,18 @@ class JoinDoFn(_Counting):
             self._clear(msgs, meta, decide_timer, expire_timer)
             return
         expiry = value[TOMB][3] if value[TOMB] is not None else value[HORIZON]
-        fresh = [random.getrandbits(62), len(records), max(value[HORIZON], expiry), None, None,
-                 None, value[BYTES]]
+        cut = held_count(records, self._max_messages, self._max_bytes)
+        records, rest = records[:cut], records[cut:]
+        if rest:  # held beyond the limit while the next join's decision was final
+            msgs.clear()
+            for record in records:
+                msgs.add(record)
+        fresh = [random.getrandbits(62), cut, max(value[HORIZON], expiry), None, None, None,
+                 sum(message_bytes(r) for r in records)]
         try:
             yield from self._settle(key, records, fresh, msgs, meta, decide_timer, expire_timer)
         except _JoinFailed as failed:
-            yield from self._poisoned(key, [], failed, msgs, meta, decide_timer, expire_timer)
+            yield from self._poisoned(key, rest, failed, msgs, meta, decide_timer, expire_timer)
+            return
+        for record in rest:
+            yield from self.process((key, record), msgs, meta, decide_timer, expire_timer)

@@ -140,6 +140,37 @@ def test_replay_in_arrival_order_keeps_the_invariants(
     check_run(lines, found, eager=True)
 
 
+T = "2026-01-01T00:00:"
+J28 = [json.dumps({"join_id": "j28", **fields}) for fields in (  # found with
+    # FANIN_SPEC_EXAMPLES=1500: three rounds of one join inside a 30 s watermark lag
+    {"branch": "r", "status": "skipped", "event_time": T + "06.799Z"},
+    {"branch": "o", "status": "timeout", "event_time": T + "21.800Z", "contract": "c6"},
+    {"branch": "o", "status": "timeout", "event_time": T + "25.800Z", "contract": "c6",
+     "attempt": 2, "value": 0.5},
+    {"branch": "u", "status": "ok", "event_time": T + "28.800Z", "value": "x"},
+    {"branch": "u", "status": "skipped", "event_time": T + "28.800Z", "contract": "c1"},
+    {"branch": "r/z", "status": "skipped", "event_time": T + "34.800Z", "value": None},
+    {"kind": "open", "opened_at": T + "37.800Z", "contract": "c1"},
+    {"branch": "a", "status": "error", "event_time": T + "46.800Z", "error": "boom",
+     "attempt": 1},
+    {"branch": "a", "status": "timeout", "event_time": T + "49.800Z", "value": [1]},
+    {"branch": "a", "status": "timeout", "event_time": T + "49.800Z", "value": [1]},
+)]
+
+
+@pytest.mark.parametrize("limit", [1, 2, 3])
+def test_full_joins_in_a_row_inside_the_watermark_lag_equal_reference(
+        limit: int, tmp_path: Path) -> None:
+    """A join closes, the next one fills its bag while the first tombstone still lives, and a
+    third starts after the second's tombstone, all before the watermark (30 s behind) moves:
+    each message is classified as the bounded plan's rounds do (late of the second join,
+    join_too_large, or the third join's, within its own limit)."""
+    env = Env(CONTRACTS, max_messages_per_join=limit)
+    lines = arrival_order(J28, env)
+    assert_same(lines, env, {"replay": replay_run(lines, tmp_path, CONTRACTS_YAML, env,
+                                                  max_disorder_s=30.0)})
+
+
 def test_a_straggler_after_the_tombstone_starts_a_fresh_join(tmp_path: Path) -> None:
     """docs/spec.md §4 Tombstones: after D + retention_s a message starts a fresh join, in a
     bounded run and in a sorted replay alike, even when nothing else moved the watermark."""
