@@ -26,12 +26,13 @@ import sys
 import threading
 from types import FrameType
 
-__all__ = ["add_subcommand", "run_publish"]
+__all__ = ["add_subcommand", "positive_seconds", "run_publish"]
 
 INTERRUPTED = 130
 
 
-def _positive_seconds(text: str) -> float:
+def positive_seconds(text: str) -> float:
+    """An ``argparse`` type: a finite number of seconds > 0."""
     try:
         value = float(text)
     except ValueError:
@@ -62,7 +63,7 @@ def add_subcommand(subparsers: argparse._SubParsersAction[argparse.ArgumentParse
     )
     parser.add_argument(
         "--timeout",
-        type=_positive_seconds,
+        type=positive_seconds,
         default=60.0,
         metavar="S",
         help="give up after S seconds without any confirmation from Pub/Sub (default 60)",

@@ -33,6 +33,8 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
+from fanin.io.cli import positive_seconds
+
 __all__ = ["Cluster", "add_subcommand", "start", "stop"]
 
 _MAX_PORT = 65535
@@ -230,17 +232,6 @@ def _int_in(low: int, high: int) -> Any:
     return parse
 
 
-def _seconds(text: str) -> float:
-    """An ``argparse`` type: a finite number of seconds > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"not a finite number of seconds > 0: {text!r}")
-    return value
-
-
 def add_subcommand(subparsers: Any) -> None:
     """Register ``flink-cluster`` on an ``argparse`` subparsers object."""
     parser = subparsers.add_parser(
@@ -257,6 +248,6 @@ def add_subcommand(subparsers: Any) -> None:
                         help=f"Beam worker pool port (1 to {_MAX_PORT})")
     parser.add_argument("--slots", type=_int_in(1, _MAX_SLOTS), default=2,
                         help="task slots of the TaskManager (at least 1)")
-    parser.add_argument("--timeout-s", type=_seconds, default=90.0,
+    parser.add_argument("--timeout-s", type=positive_seconds, default=90.0,
                         help="start: how long to wait for a TaskManager (seconds > 0)")
     parser.set_defaults(func=_command)
