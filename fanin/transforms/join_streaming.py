@@ -18,7 +18,13 @@ from apache_beam.utils.timestamp import Timestamp
 
 from fanin.contracts import records as R
 from fanin.contracts.catalog import Catalog
-from fanin.core.bounded import TOO_LARGE_DETAIL, UNDEFINED_DETAIL, held_count, message_bytes
+from fanin.core.bounded import (
+    TOO_LARGE_DETAIL,
+    UNDEFINED_DETAIL,
+    arrival_order,
+    held_count,
+    message_bytes,
+)
 from fanin.core.closing import Closed, Pending, Undefined, decide, late_reason
 from fanin.core.outcomes import LATE, closed_outputs, late_object, rejected_outputs
 from fanin.core.reducer import JoinReducer
@@ -457,6 +463,9 @@ class JoinDoFn(_Counting):
             self._clear(msgs, meta, decide_timer, expire_timer)
             return
         expiry = value[TOMB][3] if value[TOMB] is not None else value[HORIZON]
+        # they all start the next join at once: its first ones in the bounded order (the bag's
+        # order is the runner's: Flink's is not the arrival order)
+        records.sort(key=arrival_order)
         cut = held_count(records, self._max_messages, self._max_bytes)
         records, rest = records[:cut], records[cut:]
         if rest:  # held beyond the limit while the next join's decision was final
