@@ -20,6 +20,8 @@ REFERENCE = {"bounded": ("--runner=FnApiRunner",),
 # Replays close by watermark: an eager close depends on the order a key's messages are
 # processed in, which Beam leaves to the runner (docs/runners.md).
 MODE_ARGS = {"bounded": (), "replay": ("--replay", "--close-trigger", "watermark")}
+FLINK_LOCAL = ("--runner=FlinkRunner", "--flink_master=[local]", "--environment_type=LOOPBACK",
+               "--parallelism=2")
 
 Multisets = dict[str, Counter[str]]
 

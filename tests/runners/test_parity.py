@@ -24,6 +24,7 @@ from fanin.cli import main
 from fanin.runners.flink_cluster import Cluster, start
 from tests.runners.parity import (
     CONTRACTS,
+    FLINK_LOCAL,
     REFERENCE,
     Multisets,
     differences,
@@ -33,8 +34,6 @@ from tests.runners.parity import (
 
 pytestmark = pytest.mark.runner
 
-FLINK_LOCAL = ("--runner=FlinkRunner", "--flink_master=[local]", "--environment_type=LOOPBACK",
-               "--parallelism=2")
 _references: dict[tuple[str, ...], Multisets] = {}
 
 

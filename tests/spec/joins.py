@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 from fanin.contracts.catalog import parse_contracts
 from spec.reference import rfc3339
 
-__all__ = ["CONTRACTS", "CONTRACTS_YAML", "Draw", "HypothesisDraw", "RandomDraw", "batch_lines",
-           "join_messages"]
+__all__ = ["CONTRACTS", "CONTRACTS_YAML", "J28", "Draw", "HypothesisDraw", "RandomDraw",
+           "batch_lines", "join_messages"]
 
 CONTRACTS_YAML = """\
 contracts:
@@ -200,3 +200,21 @@ def batch_lines(d: Draw, joins: int, spacing_ms: int = 100) -> list[str]:
     while live := [msgs for msgs in per_join if msgs]:
         lines.append(live[d.integer(0, len(live) - 1)].pop(0))
     return lines
+
+
+T = "2026-01-01T00:00:"
+J28 = [json.dumps({"join_id": "j28", **fields}) for fields in (  # found with
+    # FANIN_SPEC_EXAMPLES=1500: three rounds of one join inside a 30 s watermark lag
+    {"branch": "r", "status": "skipped", "event_time": T + "06.799Z"},
+    {"branch": "o", "status": "timeout", "event_time": T + "21.800Z", "contract": "c6"},
+    {"branch": "o", "status": "timeout", "event_time": T + "25.800Z", "contract": "c6",
+     "attempt": 2, "value": 0.5},
+    {"branch": "u", "status": "ok", "event_time": T + "28.800Z", "value": "x"},
+    {"branch": "u", "status": "skipped", "event_time": T + "28.800Z", "contract": "c1"},
+    {"branch": "r/z", "status": "skipped", "event_time": T + "34.800Z", "value": None},
+    {"kind": "open", "opened_at": T + "37.800Z", "contract": "c1"},
+    {"branch": "a", "status": "error", "event_time": T + "46.800Z", "error": "boom",
+     "attempt": 1},
+    {"branch": "a", "status": "timeout", "event_time": T + "49.800Z", "value": [1]},
+    {"branch": "a", "status": "timeout", "event_time": T + "49.800Z", "value": [1]},
+)]

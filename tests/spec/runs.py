@@ -13,15 +13,17 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from fanin.contracts import records as R
 from fanin.contracts.catalog import Catalog
 from fanin.contracts.parsing import parse_message
 from fanin.core.bounded import bounded_outputs
 from fanin.pipelines.pipeline import RunConfig, run_pipeline
-from spec.invariants import KINDS, read_output_dir
-from spec.reference import Env, parse_lines
+from spec.invariants import KINDS, check_run, read_output_dir
+from spec.reference import Env, parse_lines, reference_outputs
 
-__all__ = ["arrival_order", "bounded_run", "by_join", "core_run", "replay_run"]
+__all__ = ["arrival_order", "assert_same", "bounded_run", "by_join", "core_run", "replay_run"]
 
 Outputs = dict[str, list[dict[str, Any]]]
 
@@ -103,3 +105,38 @@ def by_join(outputs: Outputs) -> dict[str, dict[str, list[str]]]:
         for lines in kinds.values():
             lines.sort()
     return dict(found)
+
+
+def _lines_of(join_id: str | None, lines: list[str]) -> list[str]:
+    def owner(line: str) -> Any:
+        try:
+            return json.loads(line).get("join_id")
+        except ValueError:
+            return None
+    return [line for line in lines if owner(line) == join_id]
+
+
+def assert_same(lines: list[str], env: Env, found: dict[str, dict[str, list[Any]]]) -> None:
+    """Every implementation in ``found`` gives the reference's outputs, join by join; on a
+    difference, the smallest differing join's input and both outputs are shown."""
+    expected = reference_outputs(lines, env)
+    check_run(lines, expected)  # the oracle keeps the invariants itself
+    want = by_join(expected)
+    reports = []
+    for name, outputs in found.items():
+        got = by_join(outputs)
+        differing = [j for j in sorted(set(want) | set(got), key=str)
+                     if want.get(j) != got.get(j)]
+        if differing:
+            join_id = min(differing, key=lambda j: len(_lines_of(j, lines)))
+            show = {kind: [json.loads(line) for line in objs]
+                    for kind, objs in want.get(join_id, {}).items()}
+            other = {kind: [json.loads(line) for line in objs]
+                     for kind, objs in got.get(join_id, {}).items()}
+            reports.append(
+                f"{name} differs from the reference on {len(differing)} join(s); "
+                f"join {join_id!r}, input:\n" + "\n".join(_lines_of(join_id, lines)) +
+                f"\nreference: {json.dumps(show, indent=1)}\n{name}: "
+                f"{json.dumps(other, indent=1)}")
+    if reports:
+        pytest.fail("\n\n".join(reports), pytrace=False)

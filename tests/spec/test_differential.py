@@ -14,16 +14,15 @@ import json
 import os
 import random
 from pathlib import Path
-from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from spec.invariants import check_run
-from spec.joins import CONTRACTS, CONTRACTS_YAML, HypothesisDraw, RandomDraw, batch_lines
+from spec.joins import CONTRACTS, CONTRACTS_YAML, J28, HypothesisDraw, RandomDraw, batch_lines
 from spec.reference import Env, reference_outputs
-from spec.runs import arrival_order, bounded_run, by_join, core_run, replay_run
+from spec.runs import arrival_order, assert_same, bounded_run, core_run, replay_run
 
 EXAMPLES = int(os.environ.get("FANIN_SPEC_EXAMPLES", "300"))
 # Shrinking a failure to a minimal batch takes minutes; the failure message already shows the
@@ -32,41 +31,6 @@ PHASES = [Phase.explicit, Phase.generate] + \
     ([Phase.shrink] if os.environ.get("FANIN_SPEC_SHRINK") == "1" else [])
 JOINS_PER_RUN = 100
 ENV = Env(CONTRACTS)
-
-
-def _lines_of(join_id: str | None, lines: list[str]) -> list[str]:
-    def owner(line: str) -> Any:
-        try:
-            return json.loads(line).get("join_id")
-        except ValueError:
-            return None
-    return [line for line in lines if owner(line) == join_id]
-
-
-def assert_same(lines: list[str], env: Env, found: dict[str, dict[str, list[Any]]]) -> None:
-    """Every implementation in ``found`` gives the reference's outputs, join by join; on a
-    difference, the smallest differing join's input and both outputs are shown."""
-    expected = reference_outputs(lines, env)
-    check_run(lines, expected)  # the oracle keeps the invariants itself
-    want = by_join(expected)
-    reports = []
-    for name, outputs in found.items():
-        got = by_join(outputs)
-        differing = [j for j in sorted(set(want) | set(got), key=str)
-                     if want.get(j) != got.get(j)]
-        if differing:
-            join_id = min(differing, key=lambda j: len(_lines_of(j, lines)))
-            show = {kind: [json.loads(line) for line in objs]
-                    for kind, objs in want.get(join_id, {}).items()}
-            other = {kind: [json.loads(line) for line in objs]
-                     for kind, objs in got.get(join_id, {}).items()}
-            reports.append(
-                f"{name} differs from the reference on {len(differing)} join(s); "
-                f"join {join_id!r}, input:\n" + "\n".join(_lines_of(join_id, lines)) +
-                f"\nreference: {json.dumps(show, indent=1)}\n{name}: "
-                f"{json.dumps(other, indent=1)}")
-    if reports:
-        pytest.fail("\n\n".join(reports), pytrace=False)
 
 
 @settings(max_examples=EXAMPLES, deadline=None, database=None, phases=PHASES,
@@ -138,24 +102,6 @@ def test_replay_in_arrival_order_keeps_the_invariants(
     found = replay_run(lines, tmp_path_factory.mktemp("arrival"), CONTRACTS_YAML, ENV,
                        trigger=trigger, max_disorder_s=5.0)
     check_run(lines, found, eager=True)
-
-
-T = "2026-01-01T00:00:"
-J28 = [json.dumps({"join_id": "j28", **fields}) for fields in (  # found with
-    # FANIN_SPEC_EXAMPLES=1500: three rounds of one join inside a 30 s watermark lag
-    {"branch": "r", "status": "skipped", "event_time": T + "06.799Z"},
-    {"branch": "o", "status": "timeout", "event_time": T + "21.800Z", "contract": "c6"},
-    {"branch": "o", "status": "timeout", "event_time": T + "25.800Z", "contract": "c6",
-     "attempt": 2, "value": 0.5},
-    {"branch": "u", "status": "ok", "event_time": T + "28.800Z", "value": "x"},
-    {"branch": "u", "status": "skipped", "event_time": T + "28.800Z", "contract": "c1"},
-    {"branch": "r/z", "status": "skipped", "event_time": T + "34.800Z", "value": None},
-    {"kind": "open", "opened_at": T + "37.800Z", "contract": "c1"},
-    {"branch": "a", "status": "error", "event_time": T + "46.800Z", "error": "boom",
-     "attempt": 1},
-    {"branch": "a", "status": "timeout", "event_time": T + "49.800Z", "value": [1]},
-    {"branch": "a", "status": "timeout", "event_time": T + "49.800Z", "value": [1]},
-)]
 
 
 @pytest.mark.parametrize("limit", [1, 2, 3])
