@@ -45,12 +45,15 @@ from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from google.adk.agents import BaseAgent
-from google.adk.plugins.base_plugin import BasePlugin
-from google.adk.workflow import START, Workflow
-
-from fanin.integrations.fanout import FanOutReporter, describe, keyed
+from fanin.integrations.fanout import FanOutReporter, describe, keyed, missing_extra
 from fanin.sdk import Emitter, JoinContext
+
+try:
+    from google.adk.agents import BaseAgent
+    from google.adk.plugins.base_plugin import BasePlugin
+    from google.adk.workflow import START, Workflow
+except ImportError as missing:  # the extra is not installed: say which
+    raise missing_extra("adk", missing) from missing
 
 __all__ = ["FaninPlugin", "attach"]
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from fanin.sdk import Emitter, JoinContext
 
-__all__ = ["FanOutReporter", "describe", "jsonable", "keyed"]
+__all__ = ["FanOutReporter", "describe", "jsonable", "keyed", "missing_extra"]
 
 _LOG = logging.getLogger(__name__)
 
@@ -105,3 +105,10 @@ class FanOutReporter:
     def error(self, ctx: JoinContext, branch: str, text: str, *, attempt: int) -> None:
         """Report a failed run of ``branch`` with the error ``text`` (see ``describe``)."""
         self.emitter.emit(ctx, branch, "error", error=text, attempt=attempt)
+
+
+def missing_extra(extra: str, missing: ImportError) -> ImportError:
+    """The error of ``fanin.integrations.<extra>`` imported without its framework: names the
+    extra to install (``pip install 'fanin[<extra>]'``) and what was missing."""
+    return ImportError(f"fanin.integrations.{extra} needs Fanin's {extra} extra: pip install "
+                       f"'fanin[{extra}]' ({missing})", name=missing.name)

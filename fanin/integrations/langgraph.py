@@ -41,14 +41,17 @@ from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
-from langchain_core.callbacks import BaseCallbackHandler
-from langgraph.channels.last_value import LastValue
-from langgraph.constants import END, START
-from langgraph.errors import GraphBubbleUp
-from langgraph.types import Command, Send
-
-from fanin.integrations.fanout import FanOutReporter, describe, keyed
+from fanin.integrations.fanout import FanOutReporter, describe, keyed, missing_extra
 from fanin.sdk import Emitter, JoinContext
+
+try:
+    from langchain_core.callbacks import BaseCallbackHandler
+    from langgraph.channels.last_value import LastValue
+    from langgraph.constants import END, START
+    from langgraph.errors import GraphBubbleUp
+    from langgraph.types import Command, Send
+except ImportError as missing:  # the extra is not installed: say which
+    raise missing_extra("langgraph", missing) from missing
 
 __all__ = ["FaninCallbackHandler", "attach"]
 

@@ -18,6 +18,7 @@ import contextlib
 import logging
 import math
 import os
+import re
 import shutil
 import sys
 from collections.abc import Iterable, Sequence
@@ -313,12 +314,42 @@ def _prepare_output(output: str, overwrite: bool, inputs: Sequence[str] = ()) ->
                 from None
 
 
+_FANIN_PROJECT = re.compile(r'^name\s*=\s*"fanin"\s*$', re.MULTILINE)
+
+
 def checkout_setup_file() -> str | None:
-    """``setup.py`` of the source checkout Fanin is imported from, or None (an installed copy:
-    its package folder has no ``setup.py`` beside it)."""
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
-        os.path.abspath(__file__)))), "setup.py")  # <checkout>/fanin/pipelines/pipeline.py
-    return path if os.path.isfile(path) else None
+    """``setup.py`` of the source checkout Fanin is imported from, or None: an installed copy
+    (its package folder has no ``setup.py`` beside it, or one that is not Fanin's: Fanin's has
+    a ``pyproject.toml`` beside it naming the project ``fanin``)."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__))))  # <checkout>/fanin/pipelines/pipeline.py
+    path = os.path.join(root, "setup.py")
+    try:
+        with open(os.path.join(root, "pyproject.toml"), encoding="utf-8") as handle:
+            ours = _FANIN_PROJECT.search(handle.read()) is not None
+    except (OSError, UnicodeDecodeError):
+        return None
+    return path if ours and os.path.isfile(path) else None
+
+
+_PACKAGE_ENDINGS = (".tar", ".tar.gz", ".whl", ".zip")  # what Beam's stager takes
+
+
+def _check_staged_files(setup: SetupOptions) -> None:
+    """The local files Beam stages for the workers exist and are of the kind it takes (else
+    its stager fails with a traceback once the graph is built)."""
+    named = [("--setup_file", setup.setup_file), ("--requirements_file", setup.requirements_file),
+             *(("--extra_package", package) for package in setup.extra_packages or [])]
+    for option, path in named:
+        if path and "://" not in path and not os.path.isfile(path):
+            raise ConfigError(f"{option}: no such file: {path}")
+    if setup.setup_file and os.path.basename(setup.setup_file) != "setup.py":
+        raise ConfigError(f"--setup_file: Beam takes a file named setup.py, not "
+                          f"{setup.setup_file}")
+    for package in setup.extra_packages or []:
+        if not package.endswith(_PACKAGE_ENDINGS):
+            raise ConfigError(f"--extra_package: {package} is not a package file (Beam takes "
+                              f"{', '.join(_PACKAGE_ENDINGS)})")
 
 
 def _check_dataflow(config: RunConfig, options: PipelineOptions) -> None:
@@ -327,14 +358,16 @@ def _check_dataflow(config: RunConfig, options: PipelineOptions) -> None:
     - ``--replay`` is refused: it embeds the input in the graph as a ``TestStream``, a test
       primitive Dataflow does not run.
     - The workers must get Fanin: from ``--sdk_container_image`` (an image with Fanin
-      installed), ``--setup_file`` or ``--extra_package``. With none of them, Fanin's
-      ``setup.py`` is added as ``--setup_file`` when Fanin runs from a source checkout (logged);
-      otherwise the job is refused (the stock worker image cannot import ``fanin``).
+      installed), ``--setup_file`` or ``--extra_package`` (a Fanin wheel or sdist). With none
+      of them, Fanin's ``setup.py`` is added as ``--setup_file`` when Fanin runs from a source
+      checkout (logged); otherwise the job is refused (the stock worker image cannot import
+      ``fanin``). Local files named by those options must exist (``_check_staged_files``).
     """
     if config.replay:
         raise ConfigError("--replay embeds the input in the job as a TestStream, which Dataflow "
                           "does not run; use bounded --input or Pub/Sub (--subscription/--topic)")
     setup = options.view_as(SetupOptions)
+    _check_staged_files(setup)
     worker = options.view_as(WorkerOptions)
     if (setup.setup_file or setup.extra_packages or worker.sdk_container_image
             or worker.worker_harness_container_image):
@@ -342,8 +375,9 @@ def _check_dataflow(config: RunConfig, options: PipelineOptions) -> None:
     found = checkout_setup_file()
     if found is None:
         raise ConfigError("DataflowRunner: the workers need Fanin: pass --sdk_container_image "
-                          "(an image with Fanin installed, e.g. deploy/flex) or --setup_file "
-                          "(a Fanin checkout's setup.py)")
+                          "(an image with Fanin installed, e.g. deploy/flex), --extra_package "
+                          "(a Fanin wheel or sdist) or --setup_file (a Fanin checkout's "
+                          "setup.py)")
     setup.setup_file = found
     _LOG.info("fanin: workers get Fanin from --setup_file=%s (added)", found)
 

@@ -155,3 +155,56 @@ def test_replay_is_refused_on_dataflow(tmp_path: Path, dry: bool,
     assert err.count("\n") == 1
     assert err.startswith("fanin: error: --replay embeds the input in the job as a TestStream")
     assert not (tmp_path / "g.json").exists() and not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize(("option", "file", "said"), [
+    ("--setup_file", "missing/setup.py", "--setup_file: no such file: {path}"),
+    ("--setup_file", "other.py", "--setup_file: Beam takes a file named setup.py, not {path}"),
+    ("--requirements_file", "missing.txt", "--requirements_file: no such file: {path}"),
+    ("--extra_package", "missing/fanin-0.1.0-py3-none-any.whl",
+     "--extra_package: no such file: {path}"),
+    ("--extra_package", "fanin.txt", "--extra_package: {path} is not a package file (Beam takes "
+     ".tar, .tar.gz, .whl, .zip)"),
+])
+@pytest.mark.parametrize("dry", [True, False])
+def test_files_staged_for_the_workers_are_checked_first(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], option: str, file: str, said: str,
+        dry: bool) -> None:
+    """A staged file that is missing or of a kind Beam's stager refuses is one line and exit 2,
+    before anything is built (Beam's stager raised a traceback once the graph was built)."""
+    path = tmp_path / file
+    if not file.startswith("missing"):
+        path.write_text("")
+    argv = ["run", "--input", str(EXAMPLES / "triage.jsonl"), "--output", str(tmp_path / "o"),
+            *unpackaged_args(False), f"{option}={path}",
+            *(["--dry-run", str(tmp_path / "g.json")] if dry else [])]
+    assert cli.main(argv) == 2
+    assert capsys.readouterr().err == f"fanin: error: {said.format(path=path)}\n"
+    assert not (tmp_path / "g.json").exists() and not (tmp_path / "o").exists()
+
+
+def test_a_fanin_package_reaches_the_workers_with_extra_package(tmp_path: Path) -> None:
+    """An installed Fanin (no checkout) ships itself as --extra_package: the job is not
+    refused, and the package is staged for the workers."""
+    wheel = tmp_path / "fanin-0.1.0-py3-none-any.whl"
+    wheel.write_bytes(b"PK\x05\x06" + bytes(18))  # an empty zip: staged as it is
+    out = tmp_path / "graph.json"
+    report = dry_run(example_config(False),
+                     [*unpackaged_args(False), f"--extra_package={wheel}"], str(out))
+    assert report.ok, report.problems
+    assert wheel.name in json.dumps(json.loads(out.read_text())["dataflow_job"]["environment"])
+
+
+@pytest.mark.parametrize(("project", "found"), [('name = "fanin"', True),
+                                                 ('name = "someotherpkg"', False), (None, False)])
+def test_only_fanins_own_setup_file_is_added(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                             project: str | None, found: bool) -> None:
+    """A ``setup.py`` beside an installed copy (site-packages) is not Fanin's unless a
+    ``pyproject.toml`` beside it names the project ``fanin``: staging another one would
+    build some other project's sdist for the workers."""
+    module = tmp_path / "fanin" / "pipelines" / "pipeline.py"
+    (tmp_path / "setup.py").write_text("from setuptools import setup\nsetup()\n")
+    if project is not None:
+        (tmp_path / "pyproject.toml").write_text(f"[project]\n{project}\nversion = \"1\"\n")
+    monkeypatch.setattr(fanin_pipeline, "__file__", str(module))
+    assert fanin_pipeline.checkout_setup_file() == (str(tmp_path / "setup.py") if found else None)

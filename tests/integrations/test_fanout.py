@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
+import sys
 from typing import Any
 
 import pydantic
@@ -74,3 +76,17 @@ def test_keyed_uses_the_single_plain_key_else_the_branch() -> None:
     assert keyed({"log": ["x"]}, plain) == (None, {"log": ["x"]})
     assert keyed({"score": 0.9, "docs": []}, plain) == (None, {"score": 0.9, "docs": []})
     assert keyed(None, plain) == (None, None)
+
+
+@pytest.mark.parametrize(("extra", "framework"), [("langgraph", "langgraph.types"),
+                                                   ("adk", "google.adk.workflow")])
+def test_an_integration_without_its_framework_names_the_extra(
+        monkeypatch: pytest.MonkeyPatch, extra: str, framework: str) -> None:
+    """Imported without its framework, an integration says which extra to install."""
+    monkeypatch.setitem(sys.modules, framework, None)  # a module that cannot be imported
+    monkeypatch.delitem(sys.modules, f"fanin.integrations.{extra}", raising=False)
+    with pytest.raises(ImportError) as raised:
+        importlib.import_module(f"fanin.integrations.{extra}")
+    assert str(raised.value).startswith(
+        f"fanin.integrations.{extra} needs Fanin's {extra} extra: pip install 'fanin[{extra}]' (")
+    assert raised.value.name == framework
