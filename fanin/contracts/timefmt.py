@@ -15,6 +15,7 @@ Guarantees:
 from __future__ import annotations
 
 import re
+from decimal import Decimal
 
 __all__ = ["MAX_MS", "MIN_MS", "duration_ms", "format_ms", "parse_rfc3339"]
 
@@ -184,5 +185,12 @@ def format_ms(ms: int) -> str:
 
 
 def duration_ms(seconds: float) -> int:
-    """A duration in whole milliseconds (truncated); beyond any timestamp range, 10**18."""
-    return int(seconds * 1000) if seconds < 1e15 else 10**18
+    """A duration of ``seconds`` >= 0 in whole milliseconds, truncated: of the number as JSON
+    writes it (the shortest decimal that reads back as the same double), so ``1.001`` is
+    1,001 ms, not the 1,000 ms of the double just below 1.001 that ``1.001 * 1000`` gives.
+    Beyond any timestamp range, 10**18."""
+    if seconds >= 1e15:
+        return 10**18
+    if type(seconds) is int or seconds.is_integer():
+        return int(seconds) * 1000
+    return int(Decimal(repr(float(seconds))).scaleb(3))

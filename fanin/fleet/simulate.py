@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import Any, NamedTuple, TextIO
 
 from fanin.contracts.catalog import Contract, JoinDefaults, parse_contracts
-from fanin.contracts.timefmt import format_ms, parse_rfc3339
+from fanin.contracts.timefmt import duration_ms, format_ms, parse_rfc3339
 from fanin.sdk.context import JoinContext
 from fanin.sdk.messages import Status, encode_message, open_message, receipt_message
 
@@ -328,7 +328,7 @@ class _Generator:
                 open_fields["allow_partial"] = True
         ctx = JoinContext(join_id=f"sim{self.seed}-{index:06d}", opened_at=format_ms(opened_ms),
                           contract=contract, run_id=f"run-{self.seed}-{index // 1000:03d}")
-        return _Join(ctx, opened_ms, int(deadline_s * 1000), required, optional, keyed,
+        return _Join(ctx, opened_ms, duration_ms(deadline_s), required, optional, keyed,
                      open_fields)
 
     def join(self, index: int) -> None:

@@ -36,6 +36,7 @@ from apache_beam.options.pipeline_options import (
 
 from fanin.contracts.catalog import Catalog, JoinDefaults, load_contracts
 from fanin.contracts.parsing import DEFAULT_MAX_BYTES
+from fanin.contracts.timefmt import duration_ms
 from fanin.core.outcomes import CLOSES, DEAD_LETTER, LATE
 from fanin.io.pubsub_drain import Drain, drain_on_signals
 from fanin.transforms.join import DEFAULT_MAX_BYTES_PER_JOIN, JoinRecords
@@ -189,20 +190,20 @@ def _longest_deadline_ms(catalog: Catalog) -> int:
     """The largest ``deadline_s`` a contract or the defaults give, in ms."""
     deadlines = [catalog.defaults.deadline_s] + [
         c.deadline_s for c in catalog.contracts.values() if c.deadline_s]
-    return int(max(deadlines) * 1000)
+    return duration_ms(max(deadlines))
 
 
 def replay_horizon_ms(catalog: Catalog) -> int:
     """Room after the last event for every deadline and tombstone (a Pub/Sub read's
     ``stale_after_ms``)."""
-    return _longest_deadline_ms(catalog) + int(max(_retentions_s(catalog)) * 1000) + 1
+    return _longest_deadline_ms(catalog) + duration_ms(max(_retentions_s(catalog))) + 1
 
 
 def replay_retention_floor_ms(catalog: Catalog) -> int:
     """The least ``retention_s`` any join can have, in ms: no tombstone expires sooner after
     its join's earliest time (the replay moves the watermark for a join's line only when a
     timer of that join may be due, ``fanin.transforms.replay``)."""
-    return int(min(_retentions_s(catalog)) * 1000)
+    return duration_ms(min(_retentions_s(catalog)))
 
 
 def replay_of(lines: Iterable[tuple[bytes, Source]], catalog: Catalog,

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from fanin.contracts import records as R
-from fanin.contracts.catalog import ContractsError, load_contracts, parse_contracts
+from fanin.contracts.catalog import Catalog, ContractsError, load_contracts, parse_contracts
 from fanin.contracts.jsonvalue import canonical
 from fanin.contracts.parsing import parse_message
 from fanin.contracts.timefmt import format_ms, parse_rfc3339
@@ -246,3 +246,25 @@ def test_null_kind_is_a_receipt_and_an_empty_kind_is_refused() -> None:
     assert dead is None and rec is not None and rec[R.KIND] == R.RECEIPT
     _, dead = parse_message('{"kind":"",' + fields + "}", ("f", 1), {})
     assert dead is not None and dead["error"] == "invalid_message"
+
+
+@pytest.mark.parametrize(("text", "ms"), [
+    ("1.001", 1001), ("1.003", 1003), ("1.005", 1005), ("2.002", 2002), ("2.006", 2006),
+    ("4.35", 4350), ("1.0015", 1001), ("0.0005", 0), ("1e-300", 0), ("10", 10_000),
+    ("10.0", 10_000), ("1e3", 1_000_000), ("0.1", 100), ("1e300", 10**18),
+])
+def test_durations_count_the_milliseconds_of_the_number_as_written(text: str, ms: int) -> None:
+    """docs/spec.md §2: ``deadline_s`` (and ``retention_s``) in whole milliseconds, truncated,
+    of the decimal written: ``1.001 * 1000`` in doubles is 1000.9999999999999, which made a
+    deadline of 1.001 s end at 1,000 ms, and a receipt at 1,001 ms late."""
+    line = '{"kind": "open", "join_id": "j", "opened_at": "2026-01-01T00:00:00Z", ' \
+        f'"deadline_s": {text}}}'
+    record, dead = parse_message(line, SRC, ("triage",))
+    assert dead is None and record is not None
+    assert record[R.O_DEADLINE_MS] == ms
+    if "e" in text:
+        return  # YAML 1.1 (the contracts file) reads 1e3 as a string
+    catalog = parse_contracts(f"contracts:\n  - name: c\n    required: [a]\n"
+                              f"    deadline_s: {text}\n    retention_s: {text}\n")
+    definition = Catalog(catalog).definition("c", None, None, None, None, None)
+    assert (definition.deadline_ms, definition.retention_ms) == (ms, ms)

@@ -130,7 +130,7 @@ def _open(d: Draw, join_id: str, base: int, n: int) -> dict[str, Any]:
         msg["optional"] = [b for b in _branches(d, BRANCHES[2:7])
                            if b not in msg.get("required", ())]
     if d.chance(30):
-        msg["deadline_s"] = d.pick([10, 5, 12.5, 30])
+        msg["deadline_s"] = d.pick([10, 5, 12.5, 30, 2.006])
     for flag in ("allow_partial", "fail_fast"):
         if d.chance(20):
             msg[flag] = d.pick([True, False])

@@ -32,6 +32,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
+from fractions import Fraction
 from typing import Any
 
 import jsonschema
@@ -54,6 +55,12 @@ def rfc3339(ms: int) -> str:
     t = EPOCH + timedelta(milliseconds=ms)
     return (f"{t.year:04d}-{t.month:02d}-{t.day:02d}T{t.hour:02d}:{t.minute:02d}:"
             f"{t.second:02d}.{t.microsecond // 1000:03d}Z")
+
+
+def milliseconds(seconds: float) -> int:
+    """§2: a duration in whole milliseconds, truncated, of the number as written (1.001 s is
+    1,001 ms)."""
+    return int(Fraction(repr(seconds)) * 1000)
 
 
 def json_key(value: Any) -> Any:
@@ -134,7 +141,7 @@ def _msg(line: int, raw: str, rec: R.Record) -> Msg:
                   "fail_fast": opt("fail_fast")}
         fields = {name: v for name, v in fields.items() if v is not None}
         return Msg(kind="open", required=required, optional=optional,
-                   deadline_ms=None if deadline_s is None else int(deadline_s * 1000),
+                   deadline_ms=None if deadline_s is None else milliseconds(deadline_s),
                    allow_partial=opt("allow_partial"), fail_fast=opt("fail_fast"),
                    identity=tuple(sorted((n, json_key(v)) for n, v in fields.items())),
                    canon=canonical(fields), **common)
@@ -201,7 +208,7 @@ def definition(msgs: list[Msg], env: Env) -> Definition:
     if first is not None and first.deadline_ms is not None:
         deadline_ms = first.deadline_ms
     else:
-        deadline_ms = int(pick("deadline_s", dflt.deadline_s) * 1000)
+        deadline_ms = milliseconds(pick("deadline_s", dflt.deadline_s))
     if first is not None:
         opened_at = first.time
     elif any(m.opened_at is not None for m in receipts):
@@ -214,7 +221,7 @@ def definition(msgs: list[Msg], env: Env) -> Definition:
                       deadline_ms=deadline_ms,
                       allow_partial=pick("allow_partial", dflt.allow_partial),
                       fail_fast=pick("fail_fast", dflt.fail_fast),
-                      retention_ms=int(retention_s * 1000),
+                      retention_ms=milliseconds(retention_s),
                       schemas=dict(spec.schemas) if spec is not None else {},
                       opened_at=opened_at, defining_open=first)
 

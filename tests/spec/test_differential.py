@@ -132,3 +132,20 @@ def test_a_straggler_after_the_tombstone_starts_a_fresh_join(tmp_path: Path) -> 
         "bounded": bounded_run(lines, tmp_path / "bounded", CONTRACTS_YAML, ENV),
         "replay": replay_run(lines, tmp_path / "replay", CONTRACTS_YAML, ENV),
     })
+
+
+def test_a_fractional_deadline_ends_at_its_written_millisecond(tmp_path: Path) -> None:
+    """docs/spec.md §2: ``deadline_s`` 1.001 is 1,001 ms, so a receipt at D = 00:00:01.001 is
+    in the close (1.001 * 1000 in doubles truncated to 1,000 ms made it late)."""
+    lines = [json.dumps({"kind": "open", "join_id": "f", "opened_at": "2026-01-01T00:00:00Z",
+                         "required": ["a"], "deadline_s": 1.001}),
+             json.dumps({"join_id": "f", "branch": "a", "status": "ok",
+                         "event_time": "2026-01-01T00:00:01.001Z"})]
+    expected = reference_outputs(lines, ENV)
+    assert [(c["reason"], c["deadline"]) for c in expected["closes"]] == \
+        [("complete", "2026-01-01T00:00:01.001Z")] and not expected["late"]
+    assert_same(lines, ENV, {
+        "core": core_run(lines, ENV),
+        "bounded": bounded_run(lines, tmp_path / "bounded", CONTRACTS_YAML, ENV),
+        "replay": replay_run(lines, tmp_path / "replay", CONTRACTS_YAML, ENV),
+    })
