@@ -600,9 +600,6 @@ class JoinReducer:
             self._supersede(name, attempt, content)
 
     # ------------------------------------------------------------------ questions
-    def is_empty(self) -> bool:
-        return self.messages == 0
-
     def defined(self) -> bool:
         return self.definition.required is not None
 
