@@ -15,7 +15,10 @@ Guarantees:
   time that leaves only a few advances (the outputs do not depend on them), where a step per
   second of event time made the local runner run a round of bundles for every transform per
   step (docs/performance.md). The watermark also moves up to the bound at the latest every
-  ``batch`` lines, which bounds the state of joins held open.
+  ``batch`` lines, which bounds the state of joins held open. A line behind the watermark
+  already there may set a timer that is due at once: the next line of its join comes in the
+  stream's next event, which the local runner reads only once that timer has fired
+  (``_Events.barrier``).
 - Before the stream ends the watermark is advanced to ``end_ms``, past every decision timer
   the join can set (largest event time or ``opened_at`` + the largest deadline in play, and
   ``horizon_ms``), so every close and late line happens inside the stream (docs/beam-notes.md:
@@ -134,6 +137,49 @@ class _ExpandRuns(beam.DoFn):
             yield TimestampedValue(lines[first + offset], _stamp(ms))
 
 
+class _Events:
+    """The replay's ``TestStream`` as it is planned: events of lines, and watermark moves.
+
+    ``advance(ms)`` delivers the pending lines as one event, then moves the watermark to
+    ``ms``. ``barrier()`` delivers them as one event without moving it: the local runner reads
+    a ``TestStream``'s next event only once every bundle in flight is done and no timer is due
+    (``apache_beam.runners.direct.executor``, ``_add_work_if_necessary``), so a timer an
+    earlier line set behind the watermark fires before the next event's lines arrive.
+    ``due``: joins with a line delivered since the last event that may have set such a timer.
+    """
+
+    def __init__(self, batch: int) -> None:
+        self.stream = TestStream(coder=RUN_CODER)
+        self.watermark: int | None = None  # milliseconds
+        self.since = 0  # lines since the watermark last moved
+        self.due: set[str] = set()
+        self._batch = batch
+        self._runs: list[tuple[str, int, array]] = []  # pending (path, first index, stamps)
+
+    def add(self, path: str, index: int, stamp: int) -> None:
+        """Line ``index`` of ``path`` with event time ``stamp``, after the pending ones."""
+        runs = self._runs
+        if runs and runs[-1][0] == path and len(runs[-1][2]) < self._batch:
+            runs[-1][2].append(stamp)
+        else:
+            runs.append((path, index, array("q", [stamp])))
+        self.since += 1
+
+    def barrier(self) -> None:
+        """The pending lines, as one event of runs."""
+        if self._runs:
+            self.stream.add_elements([
+                TimestampedValue((path, (first, stamps.tobytes())), _stamp(min(stamps)))
+                for path, first, stamps in self._runs])
+            self._runs.clear()
+        self.due.clear()
+
+    def advance(self, ms: int) -> None:
+        self.barrier()
+        self.stream.advance_watermark_to(_stamp(ms))
+        self.watermark, self.since = ms, 0
+
+
 class Replay(beam.PTransform):
     """Files replayed as a stream of ``(line, source)`` (see the module's guarantees).
 
@@ -161,28 +207,12 @@ class Replay(beam.PTransform):
 
     def _plan(self, lines: Iterable[tuple[bytes, Source]], lag: int, horizon_ms: int,
               retention_floor_ms: int, batch: int) -> tuple[TestStream, int]:
-        stream = TestStream(coder=RUN_CODER)
+        out = _Events(batch)
         counts = self._counts
-        watermark: int | None = None
         max_seen: int | None = None
         latest = 0  # the largest event time or opened_at: no deadline is earlier than it
         longest = 0
         earliest: dict[str, int] = {}  # join id -> earliest time among its lines delivered
-        runs: list[tuple[str, int, array]] = []  # pending (path, first index, stamps)
-        since = 0  # lines since the watermark last moved
-
-        def flush(advance_to: int | None) -> None:
-            nonlocal watermark, since
-            if runs:
-                stream.add_elements([
-                    TimestampedValue((path, (first, stamps.tobytes())), _stamp(min(stamps)))
-                    for path, first, stamps in runs])
-                runs.clear()
-            if advance_to is not None and (watermark is None or advance_to > watermark):
-                stream.advance_watermark_to(_stamp(advance_to))
-                watermark = advance_to
-                since = 0
-
         for line, (path, _) in lines:
             index = counts.get(path, 0)
             counts[path] = index + 1
@@ -194,30 +224,33 @@ class Replay(beam.PTransform):
             if times:
                 latest = max(latest, *times)
             bound = None if max_seen is None else max_seen - lag
-            if bound is not None and (watermark is None or bound > watermark):
+            if bound is not None and (out.watermark is None or bound > out.watermark):
                 seen = earliest.get(join_id) if join_id is not None else None
-                if (t is not None and t < bound) or since >= batch or (
+                if (t is not None and t < bound) or out.since >= batch or (
                         seen is not None and seen + retention_floor_ms + 1 <= bound):
                     # the earlier lines first, then the watermark moves up to the bound: every
                     # timer of this line's join it passes fires before the line arrives
-                    flush(bound)
-            stamp = t if t is not None else (watermark if watermark is not None
-                                             else max_seen or 0)
-            if runs and runs[-1][0] == path and len(runs[-1][2]) < batch:
-                runs[-1][2].append(stamp)
-            else:
-                runs.append((path, index, array("q", [stamp])))
-            since += 1
+                    out.advance(bound)
+            if join_id in out.due:
+                # an earlier line of this join in the pending event may have set a timer
+                # behind the watermark (a line behind it): it fires before this line
+                out.barrier()
+            out.add(path, index, t if t is not None else (
+                out.watermark if out.watermark is not None else max_seen or 0))
             if join_id is not None and times:
                 earliest[join_id] = min(earliest.get(join_id, min(times)), *times)
+            if join_id is not None and t is not None and out.watermark is not None \
+                    and t < out.watermark:
+                out.due.add(join_id)  # behind the watermark: it may decide its join at once
         # deadlines are capped at the end of year 9999 (MAX_MS), so no decision timer is later
         # than MAX_MS + 1 (a horizon of a huge deadline_s would pass Beam's largest timestamp)
         final = min(min(max(max_seen or 0, latest) + longest, MAX_MS) + horizon_ms + 1,
                     MAX_MS + 2)
-        flush(None)
-        end = max(final, watermark or final)
-        stream.advance_watermark_to(_stamp(end))
-        return stream.advance_watermark_to_infinity().with_output_types(RUN_TYPE), end
+        end = max(final, out.watermark or final)
+        if out.watermark is None or end > out.watermark:
+            out.advance(end)
+        out.barrier()
+        return out.stream.advance_watermark_to_infinity().with_output_types(RUN_TYPE), end
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection:
         return (pbegin

@@ -78,6 +78,54 @@ def test_a_line_behind_the_bound_waits_for_the_watermark(tmp_path: Path) -> None
     assert _plan(path, retention_floor_ms=DAY_MS, max_disorder_s=30.0)[0] == ("lines", 4)
 
 
+def _two_branches(join_id: str, seconds: float) -> str:
+    return json.dumps({"kind": "open", "join_id": join_id, "opened_at": _at(seconds),
+                       "required": ["a", "b"], "deadline_s": 10})
+
+
+# x moves the watermark to 15 s; j's open (0 s, D 10 s) arrives behind it, then two receipts
+BEHIND = [json.dumps({"kind": "open", "join_id": "x", "opened_at": _at(15), "required": []}),
+          _two_branches("j", 0), _receipt("j", 1), _receipt("j", 2, "b")]
+
+
+def _time(line: str) -> str:
+    obj = json.loads(line)
+    return str(obj.get("event_time") or obj["opened_at"])
+
+
+def test_a_line_behind_the_watermark_ends_its_event(tmp_path: Path) -> None:
+    """A line behind the watermark may set a timer already due (its join decided at once);
+    the next line of its join comes in the next event, which the local runner reads only once
+    that timer has fired. Other joins' lines share the event."""
+    path = write_lines(tmp_path / "in.jsonl", [*BEHIND[:2], _open("y", 15), *BEHIND[2:]])
+    # j's open and y's open; j's receipt at 1 s (behind as well); j's receipt at 2 s
+    assert [kind_count for kind_count in _plan(path, retention_floor_ms=DAY_MS)
+            if kind_count[0] == "lines"] == [("lines", 1), ("lines", 2), ("lines", 1),
+                                             ("lines", 1)]
+    # sorted, nothing is behind: one event
+    assert _plan(write_lines(tmp_path / "sorted.jsonl", sorted(BEHIND[1:], key=_time)),
+                 retention_floor_ms=DAY_MS)[0] == ("lines", 3)
+
+
+@pytest.mark.parametrize("trigger", ["watermark", "eager"])
+def test_messages_behind_the_watermark_meet_a_decided_join(tmp_path: Path, trigger: str) -> None:
+    """docs/spec.md §4: a join whose messages are all behind the watermark is decided at its
+    deadline by what has arrived when its timer fires, and later ones are late. j's open
+    arrives with the watermark at 15 s, past its D (10 s): it closes as a timeout holding the
+    open alone, and its receipts (1 s, 2 s) are late, as they are when another join's line
+    comes between them (they were in j's close: the timer had not fired yet)."""
+    path = write_lines(tmp_path / "in.jsonl", BEHIND)
+    run_pipeline(RunConfig(output=str(tmp_path / "out"), inputs=[str(path)], replay=True,
+                           defaults=JoinDefaults(close_trigger=trigger)), [])
+    found = read_jsonl(tmp_path / "out")
+    closes = {c["join_id"]: c for c in found[CLOSES]}
+    assert (closes["j"]["reason"], closes["j"]["closed_at"], closes["j"]["counts"]["messages"]) \
+        == ("timeout", _at(10), 1)
+    assert sorted((late["reason"], late["message"]["event_time"]) for late in found[LATE]) == \
+        [("after_close", _at(1)), ("after_close", _at(2))]
+    assert not found[DEAD_LETTER]
+
+
 def test_a_join_whose_tombstone_may_have_expired_moves_the_watermark(tmp_path: Path) -> None:
     lines = [_open("s", 0), _receipt("s", 1), _open("t", 40), _receipt("s", 50)]
     path = write_lines(tmp_path / "in.jsonl", lines)
