@@ -138,6 +138,8 @@ def _run(args: argparse.Namespace, beam_args: Sequence[str]) -> int:
             from fanin.runners.job_server_options import checked_runner
 
             runner = checked_runner(beam_args, args.job_server_options)
+        earlier = _files(args.output) if "://" not in args.output and not args.overwrite \
+            else frozenset()  # a subscription's next run writes beside them
         try:
             run_pipeline(config, beam_args, runner)
         except RuntimeError as exc:  # a job server's jar that is not here: a set-up error
@@ -151,19 +153,26 @@ def _run(args: argparse.Namespace, beam_args: Sequence[str]) -> int:
         print(f"fanin: error: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 2
     if "://" not in args.output:
-        _summary(args.output, "jsonl" in config.formats)
+        _summary(args.output, "jsonl" in config.formats, earlier)
     return 0
 
 
-def _written(folder: str, jsonl: bool) -> int:
-    """Outputs in ``folder``: lines of its JSONL files, else rows of its Parquet files (closes
-    are in date partitions); hidden (temporary) files are not counted."""
+def _files(output: str) -> frozenset[str]:
+    """The paths of every file in ``output`` now."""
+    return frozenset(os.path.join(root, name) for root, _, names in os.walk(output)
+                     for name in names)
+
+
+def _written(folder: str, jsonl: bool, earlier: frozenset[str] = frozenset()) -> int:
+    """Outputs in ``folder`` but for the ``earlier`` files: lines of its JSONL files, else rows
+    of its Parquet files (closes are in date partitions); hidden (temporary) files are not
+    counted."""
     total = 0
     for root, dirs, files in os.walk(folder):
         dirs[:] = [d for d in dirs if not d.startswith((".", "_"))]
         for name in files:
             path = os.path.join(root, name)
-            if name.startswith((".", "_")):
+            if name.startswith((".", "_")) or path in earlier:
                 continue
             if jsonl and name.endswith(".jsonl"):
                 with open(path, "rb") as handle:
@@ -175,9 +184,10 @@ def _written(folder: str, jsonl: bool) -> int:
     return total
 
 
-def _summary(output: str, jsonl: bool) -> None:
-    """One line: what the run wrote (counted from the files, which every runner honours)."""
-    counts = {kind: _written(os.path.join(output, kind), jsonl)
+def _summary(output: str, jsonl: bool, earlier: frozenset[str] = frozenset()) -> None:
+    """One line: what the run wrote (counted from the files, which every runner honours; not
+    the ``earlier`` runs' files a subscription's next run writes beside)."""
+    counts = {kind: _written(os.path.join(output, kind), jsonl, earlier)
               for kind in ("closes", "late", "dead_letter")}
     parts = " ".join(f"{kind}={n}" for kind, n in counts.items())
     where = os.path.join(output, "{closes,late,dead_letter}")  # no "//" after "out/"

@@ -40,6 +40,7 @@ from apache_beam.metrics import Metrics
 from apache_beam.transforms.window import TimestampedValue
 from apache_beam.utils.timestamp import Timestamp
 
+from fanin.contracts.parsing import read_join_id
 from fanin.contracts.timefmt import MAX_MS, MIN_MS, format_ms, parse_rfc3339
 from fanin.core.outcomes import encode_line
 from fanin.io.pubsub_drain import Drain, DrainableLocalRead
@@ -335,7 +336,11 @@ _MARKER_FIELDS = ("join_id", "reason", "error")  # short fields a marker keeps (
 
 
 def _default_attributes(obj: Mapping[str, Any]) -> dict[str, str]:
+    """``join_id``: the object's (closes, late lines), or a dead letter's message's when that
+    is a JSON object with a join_id string (``read_join_id``); none otherwise."""
     join_id = obj.get("join_id")
+    if join_id is None and isinstance(obj.get("raw"), str):
+        join_id = read_join_id(obj["raw"])
     return {"join_id": join_id} if isinstance(join_id, str) and join_id else {}
 
 

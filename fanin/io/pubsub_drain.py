@@ -236,10 +236,31 @@ class _DrainableReadEvaluator(_PubSubReadEvaluator):
         return all(w.input_watermark >= floor and not w._pending and not w._fired_timers
                    for w in others)
 
+    _backlog: Any = None  # the least timestamp of the last pull, None when it was empty
+
+    def _read_from_pubsub(self, timestamp_attribute: Any) -> Any:
+        data = super()._read_from_pubsub(timestamp_attribute)
+        self._backlog = min(t for t, _ in data) if data else None
+        return data
+
     def finish_bundle(self) -> TransformResult:
+        """Beam's read sets the watermark to the wall clock after every pull, so a backlog (a
+        run started after messages were published, or one that fell behind) was decided
+        against the clock: a join's deadline timer fired between pulls, before its messages
+        still waiting in the subscription were read. While pulls bring messages, the watermark
+        stays at the least timestamp of the last pull instead (at most the clock), as
+        Dataflow's Pub/Sub watermark follows the oldest unacknowledged message; once a pull
+        comes back empty (nothing waits), it is the clock's again. (A pull brings at most 100
+        messages from the emulator, whatever it asks for.)"""
         drain: Drain = self._applied_ptransform.transform.drain
         if not drain.requested:
-            return super().finish_bundle()
+            result = super().finish_bundle()
+            if self._backlog is None:
+                return result
+            clock = result.keyed_watermark_holds[None]
+            return TransformResult(self, result.uncommitted_output_bundles,
+                                   result.unprocessed_bundles, None,
+                                   {None: min(clock, self._backlog)})
         if drain.settle(self._quiescent()) >= _SETTLED_CHECKS:
             return TransformResult(self, [], [], None, {None: MAX_TIMESTAMP})
         time.sleep(_IDLE_WAIT_S / 2)  # let the timers fire before the next check

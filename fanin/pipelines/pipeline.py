@@ -286,11 +286,15 @@ def _check_bigquery_options(config: RunConfig, options: PipelineOptions) -> None
                           "it needs --temp_location=gs://BUCKET/PATH")
 
 
-def _prepare_output(output: str, overwrite: bool, inputs: Sequence[str] = ()) -> None:
-    """Create the three folders; refuse to mix with an earlier run's files unless asked, and
-    refuse (``ConfigError``) a path that is a file where a folder must be, any folder that
-    cannot be created, or ``--overwrite`` of a folder that holds one of the run's ``inputs``
-    (it would delete the input before reading it): nothing is deleted then."""
+def _prepare_output(output: str, overwrite: bool, inputs: Sequence[str] = (),
+                    continues: bool = False) -> None:
+    """Create the three folders; refuse to mix with an earlier run's files unless asked
+    (``--overwrite`` deletes them), except for a run that ``continues`` earlier ones (a
+    subscription's next run: its files, named with its own job token, join theirs, whose
+    messages were acknowledged and cannot be read again); refuse (``ConfigError``) a path that
+    is a file where a folder must be, any folder that cannot be created, or ``--overwrite`` of a
+    folder that holds one of the run's ``inputs`` (it would delete the input before reading it):
+    nothing is deleted then."""
     for kind in (CLOSES, LATE, DEAD_LETTER):
         folder = os.path.realpath(os.path.join(output, kind))
         for path in inputs:
@@ -303,7 +307,7 @@ def _prepare_output(output: str, overwrite: bool, inputs: Sequence[str] = ()) ->
         for path in (output, folder):
             if os.path.exists(path) and not os.path.isdir(path):
                 raise ConfigError(f"--output: {path} is a file, not a folder")
-        if os.path.isdir(folder) and os.listdir(folder):
+        if os.path.isdir(folder) and os.listdir(folder) and (overwrite or not continues):
             if not overwrite:
                 raise ConfigError(f"{output} already holds outputs; pass --overwrite to "
                                   "replace them")
@@ -435,7 +439,8 @@ def run_pipeline(config: RunConfig, beam_args: Sequence[str],
     build(p, config, catalog, drain)  # a missing input is reported here, before anything is written
     if "://" not in config.output:
         _prepare_output(config.output, config.overwrite,
-                        expand_inputs(config.inputs) if config.inputs else ())
+                        expand_inputs(config.inputs) if config.inputs else (),
+                        continues=bool(config.subscription or config.topic))
     _LOG.info("fanin: runner %s, %s input", runner,
               "streaming" if config.streaming else "bounded")
     if config.streaming and runner.endswith("PrismRunner"):

@@ -22,6 +22,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.pipeline import PipelineVisitor
 from support.emulator import PubSubEmulator, wait_for
 
+from fanin.io import pubsub as pubsub_io
 from fanin.io.pubsub import MAX_TOPIC_DATA, PublishJson, ReadMessages, parse_event_time_ms
 
 TOPIC_IN = "projects/fanin-test/topics/inbox"
@@ -220,3 +221,14 @@ def test_id_label_is_accepted_on_dataflow() -> None:
     p.visit(FindReads())
     (read,) = reads
     assert read._source.id_label == "message_id"  # handed to ReadFromPubSub unchanged
+
+
+def test_dead_letters_on_a_topic_carry_their_messages_join_id() -> None:
+    """docs/spec.md §5 Topics: every output message has attribute join_id; a dead letter's is
+    its message's when that is a JSON object with a join_id string (it had none)."""
+    attrs = pubsub_io._default_attributes
+    assert attrs({"join_id": "j", "reason": "complete"}) == {"join_id": "j"}
+    assert attrs({"error": "undefined_join", "detail": "d",
+                  "raw": '{"join_id": "orphan", "branch": "a"}'}) == {"join_id": "orphan"}
+    for raw in ("not json", '["j"]', '{"join_id": 7}', '{"join_id": ""}'):
+        assert attrs({"error": "invalid_json", "detail": "d", "raw": raw}) == {}

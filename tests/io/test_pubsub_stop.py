@@ -93,9 +93,9 @@ def test_stop_drains_and_a_second_run_gets_the_rest(
     sentinel = [_open("sentinel", 600), _receipt("sentinel", "a"), _receipt("sentinel", "b")]
     published = len(first) + len(second) + len(sentinel)
 
-    out1, out2 = tmp_path / "out1", tmp_path / "out2"
+    out = tmp_path / "out"
     _publish(pubsub_emulator, topic, first)
-    run1 = _start(subscription, out1, tmp_path / "run1")
+    run1 = _start(subscription, out, tmp_path / "run1")
     try:
         assert run1.until(lambda: set(short) <= _logged_closes(run1), DEADLINE_S), run1.stderr()
         assert not set(long) & _logged_closes(run1)  # still open: a 600 s deadline
@@ -105,7 +105,7 @@ def test_stop_drains_and_a_second_run_gets_the_rest(
     finally:
         run1.stop()
     assert "draining" in run1.stderr() and "Traceback" not in run1.stderr()
-    closes1 = _closes(out1)
+    closes1 = _closes(out)
     # The drain closed every join that held messages, as at its deadline.
     assert set(closes1) == set(short) | set(long)
     assert {closes1[j]["reason"] for j in short} == {"complete"}
@@ -114,7 +114,9 @@ def test_stop_drains_and_a_second_run_gets_the_rest(
         assert closes1[join_id]["counts"]["duplicates"] == 1
     read_in_run1 = {j for j in long if closes1[j]["reason"] == "complete"}
 
-    run2 = _start(subscription, out2, tmp_path / "run2")
+    files1 = {path: path.read_bytes() for path in out.rglob("*.jsonl")}
+    # The next run continues into the same folder (no --overwrite): its files join run 1's
+    run2 = _start(subscription, out, tmp_path / "run2")
     try:
         _publish(pubsub_emulator, topic, sentinel)  # published last: read after the backlog
         assert run2.until(lambda: "sentinel" in _logged_closes(run2), DEADLINE_S), run2.stderr()
@@ -124,13 +126,50 @@ def test_stop_drains_and_a_second_run_gets_the_rest(
         run2.stop()
     # The receipts run 1 did not read arrive in run 2, whose joins have no open there: dead
     # letters (undefined_join), as the reference says for receipts without an open.
-    assert set(_closes(out2)) == {"sentinel"}
-    undefined = [d["source"]["message_id"] for out in (out1, out2)
-                 for d in read_outputs(out, "dead_letter") if d["error"] == "undefined_join"]
+    assert set(_closes(out)) == set(closes1) | {"sentinel"}
+    assert {path: path.read_bytes() for path in files1} == files1  # run 1's files kept
+    undefined = [d["source"]["message_id"] for d in read_outputs(out, "dead_letter")
+                 if d["error"] == "undefined_join"]
     assert len(undefined) == len(set(long) - read_in_run1)
+    # run 2's summary counts its own outputs only
+    assert f"fanin: done: closes=1 late=0 dead_letter={len(undefined)};" in run2.stderr()
     # Every message exactly once across both runs; the redeliveries counted as duplicates.
-    accounted = _accounted([out1, out2])
+    accounted = _accounted([out])
     assert accounted["messages"] + accounted["late"] + accounted["dead_letter"] == published
     assert accounted["duplicates"] == len(long)
     assert accounted["dead_letter"] == len(undefined) + 1  # and the malformed line
     assert pubsub_emulator.pull(subscription) == []
+
+
+def test_a_backlog_is_read_before_the_clock_decides_its_joins(
+    pubsub_emulator: PubSubEmulator, tmp_path: Path
+) -> None:
+    """Messages waiting in the subscription when the run starts, its deadline passed: the open
+    of j (5 s), 600 other joins' opens, then j's receipts (event times within the deadline).
+    The read pulls at most 100 at a time from the emulator; with the watermark at the clock
+    after the first pull, j closed as a timeout before its receipts were read (they were
+    late). While pulls bring messages the watermark follows their publish times: j
+    completes."""
+    topic, subscription = pubsub_emulator.topic_and_subscription("backlog")
+    opened = _now_ms()
+    at = format_ms(opened)
+    messages = [{"kind": "open", "join_id": "j", "opened_at": at, "required": ["a", "b"],
+                 "deadline_s": 5}]
+    messages += [{"kind": "open", "join_id": f"other-{i}", "opened_at": at, "required": []}
+                 for i in range(600)]
+    messages += [{"join_id": "j", "branch": branch, "status": "ok",
+                  "event_time": format_ms(opened + 100)} for branch in ("a", "b")]
+    _publish(pubsub_emulator, topic, messages)
+    while _now_ms() <= opened + 5_000:  # the run starts once j's deadline has passed
+        time.sleep(0.1)
+    out = tmp_path / "out"
+    run = _start(subscription, out, tmp_path / "run")
+    try:
+        assert run.until(lambda: "j" in _logged_closes(run), DEADLINE_S), run.stderr()
+        run.signal(signal.SIGINT)
+        assert run.wait(DEADLINE_S) == 0, run.stderr()
+    finally:
+        run.stop()
+    close = _closes(out)["j"]
+    assert (close["reason"], close["counts"]["messages"]) == ("complete", 3)
+    assert read_outputs(out, "late") == []
