@@ -64,7 +64,9 @@ def _add_run(subparsers: argparse._SubParsersAction) -> None:
                      help="replay watermark trails the largest event time by this (seconds)")
     run.add_argument("--output", required=True, metavar="DIR")
     run.add_argument("--overwrite", action="store_true",
-                     help="replace the outputs of an earlier run in DIR")
+                     help="replace (delete) the outputs of an earlier run in DIR; without it "
+                          "DIR must hold none, except for a Pub/Sub run, whose files join an "
+                          "earlier run's")
     run.add_argument("--contracts", metavar="FILE", help="YAML contracts file")
     run.add_argument("--bigquery-dataset", metavar="PROJECT:DATASET",
                      help="also write closes, late and dead_letter to tables of this dataset "
