@@ -152,11 +152,18 @@ def _run(args: argparse.Namespace, beam_args: Sequence[str]) -> int:
             return 2
     except (ConfigError, ContractsError, FileNotFoundError, ValueError,
             NotImplementedError) as exc:
-        print(f"fanin: error: {str(exc).splitlines()[0]}", file=sys.stderr)
+        print(f"fanin: error: {_one_line(exc)}", file=sys.stderr)
         return 2
     if "://" not in args.output:
         _summary(args.output, "jsonl" in config.formats, earlier)
     return 0
+
+
+def _one_line(exc: BaseException) -> str:
+    """The error's first line; with the lines after it when it ends in ``:`` (Beam's
+    validation error puts its header there and the reasons on the next lines)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [""]
+    return " ".join(lines) if lines[0].endswith(":") else lines[0]
 
 
 def _files(output: str) -> frozenset[str]:

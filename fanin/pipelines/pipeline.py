@@ -39,6 +39,11 @@ from fanin.contracts.parsing import DEFAULT_MAX_BYTES
 from fanin.contracts.timefmt import duration_ms
 from fanin.core.outcomes import CLOSES, DEAD_LETTER, LATE
 from fanin.io.pubsub_drain import Drain, drain_on_signals
+from fanin.pipelines.cloud_names import (
+    SETUP_FILE_NAMES,
+    validate_dataflow_location,
+    validate_gcs_path,
+)
 from fanin.transforms.join import DEFAULT_MAX_BYTES_PER_JOIN, JoinRecords
 from fanin.transforms.parse import KeyMessages, ParseMessages
 from fanin.transforms.read import ReadNumberedLines, Source, expand_inputs, numbered_lines
@@ -348,13 +353,49 @@ def _check_staged_files(setup: SetupOptions) -> None:
     for option, path in named:
         if path and "://" not in path and not os.path.isfile(path):
             raise ConfigError(f"{option}: no such file: {path}")
-    if setup.setup_file and os.path.basename(setup.setup_file) != "setup.py":
-        raise ConfigError(f"--setup_file: Beam takes a file named setup.py, not "
-                          f"{setup.setup_file}")
+    if setup.setup_file and os.path.basename(setup.setup_file) not in SETUP_FILE_NAMES:
+        raise ConfigError(f"--setup_file: Beam takes a file named setup.py or pyproject.toml, "
+                          f"not {setup.setup_file}")
     for package in setup.extra_packages or []:
         if not package.endswith(_PACKAGE_ENDINGS):
             raise ConfigError(f"--extra_package: {package} is not a package file (Beam takes "
                               f"{', '.join(_PACKAGE_ENDINGS)})")
+
+
+def _check_dataflow_job(config: RunConfig, options: PipelineOptions) -> None:
+    """Where the job runs and what it replaces, checked before Beam builds it (Beam checks
+    some of it only at submission, over the network, with tracebacks): ``--project``,
+    ``--region`` and ``gs://`` ``--temp_location`` given and well formed (``cloud_names``), as
+    ``--staging_location`` when given; ``--output`` a remote path (the workers cannot write to
+    this machine); ``--update`` only of a streaming job, ``--transform_name_mapping`` a JSON
+    object of names, only with ``--update``; at-least-once mode only for a streaming job."""
+    cloud = options.view_as(GoogleCloudOptions)
+    missing = [f"--{n}" for n in ("project", "region", "temp_location") if not getattr(cloud, n)]
+    if missing:
+        raise ConfigError(f"DataflowRunner needs {', '.join(missing)}")
+    try:
+        validate_dataflow_location(cloud.project, cloud.region, cloud.temp_location)
+        if cloud.staging_location:
+            validate_gcs_path("staging_location", cloud.staging_location)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if "://" not in config.output:
+        raise ConfigError(f"--output {config.output}: a Dataflow job writes where its workers "
+                          "can, a gs:// path")
+    streaming = bool(options.view_as(StandardOptions).streaming)
+    mapping = cloud.transform_name_mapping
+    if mapping is not None and not (isinstance(mapping, dict) and all(
+            isinstance(k, str) and isinstance(v, str) for k, v in mapping.items())):
+        raise ConfigError("--transform_name_mapping must be a JSON object of old transform name "
+                          "-> new name")
+    if mapping and not cloud.update:
+        raise ConfigError("--transform_name_mapping applies to an --update only")
+    if cloud.update and not streaming:
+        raise ConfigError("--update replaces a running streaming job; a bounded job is run anew")
+    if "streaming_mode_at_least_once" in (cloud.dataflow_service_options or []) and \
+            not streaming:
+        raise ConfigError("--dataflow_service_options=streaming_mode_at_least_once applies to "
+                          "streaming jobs only")
 
 
 def _check_dataflow(config: RunConfig, options: PipelineOptions) -> None:
@@ -371,6 +412,7 @@ def _check_dataflow(config: RunConfig, options: PipelineOptions) -> None:
     if config.replay:
         raise ConfigError("--replay embeds the input in the job as a TestStream, which Dataflow "
                           "does not run; use bounded --input or Pub/Sub (--subscription/--topic)")
+    _check_dataflow_job(config, options)
     setup = options.view_as(SetupOptions)
     _check_staged_files(setup)
     worker = options.view_as(WorkerOptions)

@@ -55,7 +55,6 @@ from apache_beam.transforms import userstate
 from google.protobuf import json_format
 
 from fanin.pipelines.pipeline import RunConfig, build, catalog_for, configure_options
-from fanin.runners.presets import validate_dataflow_location, validate_gcs_path
 
 __all__ = [
     "DryRunError",
@@ -217,17 +216,7 @@ def _local(name: str, path: str) -> None:
 
 def _prepare_dataflow(options: PipelineOptions, skipped: list[str]) -> None:
     """Refuse what needs the network; set Beam's ``--dry_run``."""
-    cloud = options.view_as(GoogleCloudOptions)
-    missing = [n for n in ("project", "region", "temp_location") if not getattr(cloud, n)]
-    if missing:
-        raise DryRunError("DataflowRunner needs " + ", ".join(f"--{n}" for n in missing)
-                          + " (without --region Beam would ask gcloud)")
-    try:
-        validate_dataflow_location(cloud.project, cloud.region, cloud.temp_location)
-        if cloud.staging_location:
-            validate_gcs_path("staging_location", cloud.staging_location)
-    except ValueError as exc:
-        raise DryRunError(str(exc)) from None
+    cloud = options.view_as(GoogleCloudOptions)  # its location: checked by configure_options
     setup = options.view_as(SetupOptions)
     if setup.requirements_file:
         raise DryRunError("--requirements_file: Beam runs pip download to stage it (network); "
@@ -333,6 +322,7 @@ def dry_run(config: RunConfig, beam_args: Sequence[str], out_path: str) -> DryRu
         skipped.append(f"{standard.runner}: no job request exists before the run")
 
     p = beam.Pipeline(options=options)
+    shown_options = p.options.get_all_options(drop_default=True)  # as given, --update included
     try:
         build(p, config, catalog)
     except RuntimeError as exc:  # Beam pickles each fn when a ParDo is made
@@ -365,7 +355,7 @@ def dry_run(config: RunConfig, beam_args: Sequence[str], out_path: str) -> DryRu
     _write_json(out_path, {
         "runner": standard.runner,
         "streaming": bool(standard.streaming),
-        "options": p.options.get_all_options(drop_default=True),
+        "options": shown_options,
         "transform_names": names,
         "checks": {"pickled": checks.pickled, "key_coders": checks.key_coders},
         "skipped": skipped,

@@ -17,11 +17,19 @@ Guarantees:
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from collections.abc import Mapping
 
 import apache_beam as beam
+
+from fanin.pipelines.cloud_names import (
+    SETUP_FILE_NAMES,
+    match_name,
+    validate_dataflow_location,
+    validate_gcs_path,
+)
 
 __all__ = [
     "DEFAULT_SETUP_FILE",
@@ -40,10 +48,6 @@ DEFAULT_SETUP_FILE = "./setup.py"
 ENVIRONMENT_TYPES = ("LOOPBACK", "DOCKER", "PROCESS", "EXTERNAL")
 
 # Google Cloud naming rules (documented limits; Beam's own checks are looser).
-_PROJECT = re.compile(r"(?:[a-z][-a-z0-9.]*[a-z0-9]:)?[a-z][-a-z0-9]{4,28}[a-z0-9]")
-_REGION = re.compile(r"[a-z]+-[a-z]+[0-9]+")
-_ZONE = re.compile(r"[a-z]+-[a-z]+[0-9]+-[a-z]")
-_BUCKET = re.compile(r"[a-z0-9][-_.a-z0-9]{1,61}[a-z0-9]")
 _JOB_NAME = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
 _MACHINE_TYPE = re.compile(r"[a-z0-9]+(-[a-z0-9]+)+")
 _EMAIL = re.compile(r"[^@\s]+@[^@\s]+\.[^@\s]+")
@@ -57,37 +61,10 @@ def _positive(name: str, value: int | None) -> None:
         raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
 
 
-def _match(name: str, pattern: re.Pattern[str], value: str, expected: str) -> None:
-    if not isinstance(value, str) or not pattern.fullmatch(value):
-        raise ValueError(f"{name} must be {expected}, got {value!r}")
-
-
 def default_sdk_image() -> str:
     """The Beam SDK image matching this interpreter and the installed Beam version."""
     return (f"apache/beam_python{sys.version_info[0]}.{sys.version_info[1]}_sdk:"
             f"{beam.__version__}")
-
-
-def validate_gcs_path(name: str, path: str) -> None:
-    """Raise ``ValueError`` unless ``path`` is ``gs://BUCKET[/...]`` with a valid bucket name.
-
-    An invalid bucket name is worse than an error: Beam then tries to create a default bucket
-    over the network.
-    """
-    if not isinstance(path, str) or not path.startswith("gs://"):
-        raise ValueError(f"{name} must be a gs:// path, got {path!r}")
-    _match(f"{name} bucket", _BUCKET, path[5:].split("/", 1)[0],
-           "a valid bucket name (3-63 characters: a-z, 0-9, -, _, .)")
-
-
-def validate_dataflow_location(project: str, region: str, temp_location: str) -> None:
-    """Raise ``ValueError`` unless project, region and ``gs://`` temp_location are well formed."""
-    _match("project", _PROJECT, project, "a project id such as my-project (6-30 characters: "
-           "lower-case letters, digits, hyphens; not a project number)")
-    if isinstance(region, str) and _ZONE.fullmatch(region):
-        raise ValueError(f"region must be a region such as us-central1, not a zone: {region!r}")
-    _match("region", _REGION, region, "a region such as us-central1")
-    validate_gcs_path("temp_location", temp_location)
 
 
 def direct(streaming: bool, workers: int = 1, multi_process: bool = False) -> list[str]:
@@ -151,7 +128,7 @@ def dataflow(project: str, region: str, temp_location: str, *, streaming: bool =
         setup_file = None
     elif setup_file is None:
         raise ValueError("workers need Fanin: give setup_file or sdk_container_image")
-    if setup_file is not None and not setup_file.endswith(("setup.py", "pyproject.toml")):
+    if setup_file is not None and os.path.basename(setup_file) not in SETUP_FILE_NAMES:
         raise ValueError(f"setup_file must name a setup.py or pyproject.toml, got {setup_file!r}")
     if not streaming and not exactly_once:
         raise ValueError("exactly_once=False (at-least-once mode) applies to streaming only")
@@ -173,19 +150,19 @@ def dataflow(project: str, region: str, temp_location: str, *, streaming: bool =
         if not exactly_once:
             options.append("--dataflow_service_options=streaming_mode_at_least_once")
     if job_name is not None:
-        _match("job_name", _JOB_NAME, job_name, "lower-case letters, digits and hyphens, "
-               "starting with a letter, at most 63 characters")
+        match_name("job_name", _JOB_NAME, job_name, "lower-case letters, digits and hyphens, "
+                    "starting with a letter, at most 63 characters")
         options.append(f"--job_name={job_name}")
     if num_workers is not None:
         options.append(f"--num_workers={num_workers}")
     if max_workers is not None:
         options.append(f"--max_num_workers={max_workers}")
     if machine_type is not None:
-        _match("machine_type", _MACHINE_TYPE, machine_type, "a machine type such as "
-               "n2-standard-4")
+        match_name("machine_type", _MACHINE_TYPE, machine_type, "a machine type such as "
+                    "n2-standard-4")
         options.append(f"--machine_type={machine_type}")
     if service_account is not None:
-        _match("service_account", _EMAIL, service_account, "a service account e-mail")
+        match_name("service_account", _EMAIL, service_account, "a service account e-mail")
         options.append(f"--service_account_email={service_account}")
     if setup_file is not None:
         options.append(f"--setup_file={setup_file}")
@@ -227,7 +204,7 @@ def portable(job_endpoint: str, environment_type: str = "LOOPBACK",
 
     Nothing is downloaded: the job server (Flink's or Spark's) is whatever listens there.
     """
-    _match("job_endpoint", _HOST_PORT, job_endpoint, "host:port of a running job server")
+    match_name("job_endpoint", _HOST_PORT, job_endpoint, "host:port of a running job server")
     return ["--runner=PortableRunner", f"--job_endpoint={job_endpoint}",
             *_environment(environment_type, environment_config)]
 
@@ -242,7 +219,7 @@ def flink(master: str, parallelism: int, environment_type: str = "LOOPBACK",
     ``environment_config`` to the Beam SDK image of this Python and Beam version.
     """
     if master != "[local]":
-        _match("master", _HOST_PORT, master, "host:port, http://host:port or [local]")
+        match_name("master", _HOST_PORT, master, "host:port, http://host:port or [local]")
     _positive("parallelism", parallelism)
     options = ["--runner=FlinkRunner", f"--flink_master={master}",
                f"--parallelism={parallelism}", *_environment(environment_type,
@@ -260,7 +237,7 @@ def spark(master: str = "local[4]", environment_type: str = "LOOPBACK",
     Like Flink, Beam's SparkRunner downloads its job server jar unless ``job_server_jar`` is a
     local path.
     """
-    _match("master", _SPARK_MASTER, master, "spark://host:port, local or local[N]")
+    match_name("master", _SPARK_MASTER, master, "spark://host:port, local or local[N]")
     options = ["--runner=SparkRunner", f"--spark_master_url={master}",
                *_environment(environment_type, environment_config)]
     if job_server_jar is not None:

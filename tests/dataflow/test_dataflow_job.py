@@ -132,14 +132,14 @@ def test_an_installed_fanin_without_packaging_is_refused(tmp_path: Path,
     monkeypatch.setattr(fanin_pipeline, "checkout_setup_file", lambda: None)
     with pytest.raises(ConfigError, match="the workers need Fanin"):
         dry_run(example_config(False), unpackaged_args(False), str(tmp_path / "g.json"))
-    base = ["run", "--input", str(EXAMPLES / "triage.jsonl"), "--output", str(tmp_path / "o"),
+    base = ["run", "--input", str(EXAMPLES / "triage.jsonl"), "--output", "gs://fanin-dry-run-bucket/o",
             *unpackaged_args(False)]
     for extra in (["--dry-run", str(tmp_path / "g.json")], []):
         assert cli.main(base + extra) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and err.startswith("fanin: error: DataflowRunner: the "
                                                         "workers need Fanin")
-    assert not (tmp_path / "g.json").exists() and not (tmp_path / "o").exists()
+    assert not (tmp_path / "g.json").exists()
 
 
 @pytest.mark.parametrize("dry", [True, False])
@@ -147,19 +147,20 @@ def test_replay_is_refused_on_dataflow(tmp_path: Path, dry: bool,
                                        capsys: pytest.CaptureFixture[str]) -> None:
     """Defect 3: --replay would embed every input line in the job as a TestStream."""
     argv = ["run", "--input", str(EXAMPLES / "triage.jsonl"), "--replay",
-            "--output", str(tmp_path / "o"), *dataflow_args(True)]
+            "--output", "gs://fanin-dry-run-bucket/o", *dataflow_args(True)]
     if dry:
         argv += ["--dry-run", str(tmp_path / "g.json")]
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1
     assert err.startswith("fanin: error: --replay embeds the input in the job as a TestStream")
-    assert not (tmp_path / "g.json").exists() and not (tmp_path / "o").exists()
+    assert not (tmp_path / "g.json").exists()
 
 
 @pytest.mark.parametrize(("option", "file", "said"), [
     ("--setup_file", "missing/setup.py", "--setup_file: no such file: {path}"),
-    ("--setup_file", "other.py", "--setup_file: Beam takes a file named setup.py, not {path}"),
+    ("--setup_file", "other.py",
+     "--setup_file: Beam takes a file named setup.py or pyproject.toml, not {path}"),
     ("--requirements_file", "missing.txt", "--requirements_file: no such file: {path}"),
     ("--extra_package", "missing/fanin-0.1.0-py3-none-any.whl",
      "--extra_package: no such file: {path}"),
@@ -175,12 +176,12 @@ def test_files_staged_for_the_workers_are_checked_first(
     path = tmp_path / file
     if not file.startswith("missing"):
         path.write_text("")
-    argv = ["run", "--input", str(EXAMPLES / "triage.jsonl"), "--output", str(tmp_path / "o"),
+    argv = ["run", "--input", str(EXAMPLES / "triage.jsonl"), "--output", "gs://fanin-dry-run-bucket/o",
             *unpackaged_args(False), f"{option}={path}",
             *(["--dry-run", str(tmp_path / "g.json")] if dry else [])]
     assert cli.main(argv) == 2
     assert capsys.readouterr().err == f"fanin: error: {said.format(path=path)}\n"
-    assert not (tmp_path / "g.json").exists() and not (tmp_path / "o").exists()
+    assert not (tmp_path / "g.json").exists()
 
 
 def test_a_fanin_package_reaches_the_workers_with_extra_package(tmp_path: Path) -> None:
@@ -208,3 +209,38 @@ def test_only_fanins_own_setup_file_is_added(tmp_path: Path, monkeypatch: pytest
         (tmp_path / "pyproject.toml").write_text(f"[project]\n{project}\nversion = \"1\"\n")
     monkeypatch.setattr(fanin_pipeline, "__file__", str(module))
     assert fanin_pipeline.checkout_setup_file() == (str(tmp_path / "setup.py") if found else None)
+
+
+@pytest.mark.parametrize(("extra", "said"), [
+    (["--output", "/tmp/local-out"], "--output /tmp/local-out: a Dataflow job writes where its "
+     "workers can, a gs:// path"),
+    (["--region=us_central1"], "region must be a region such as us-central1, got 'us_central1'"),
+    (["--temp_location=/tmp/x"], "temp_location must be a gs:// path, got '/tmp/x'"),
+    (["--max_num_workers", "0"], "Pipeline has validations errors: Invalid value (0) for option: "
+     "max_num_workers. Value needs to be positive."),
+    (["--job_name=fanin", "--update"], "--update replaces a running streaming job; a bounded "
+     "job is run anew"),
+    (['--transform_name_mapping={"a": "b"}'], "--transform_name_mapping applies to an --update "
+     "only"),
+    (["--streaming", "--job_name=fanin", "--update", '--transform_name_mapping=["a"]'],
+     "--transform_name_mapping must be a JSON object of old transform name -> new name"),
+    (["--dataflow_service_options=streaming_mode_at_least_once"],
+     "--dataflow_service_options=streaming_mode_at_least_once applies to streaming jobs only"),
+])
+@pytest.mark.parametrize("dry", [True, False])
+def test_a_dataflow_job_is_checked_before_it_is_built(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], said: str,
+        dry: bool) -> None:
+    """Where a Dataflow job runs and what it replaces: one line, exit 2, for a real submission
+    as for the dry run (a real run with a bad location went to the network and ended in
+    tracebacks; Beam's own validation printed its header without the reason; a mapping that
+    is not an object was a traceback; a bounded --update and a local --output passed)."""
+    options = [a for a in dataflow_args(False) if not a.startswith(("--region", "--temp_loc"))]
+    location = [a for a in dataflow_args(False) if a.startswith(("--region", "--temp_loc"))]
+    argv = ["run", "--input", str(EXAMPLES / "triage.jsonl"), "--output",
+            "gs://fanin-dry-run-bucket/o", *options,
+            *[a for a in location if not any(a.split("=")[0] == e.split("=")[0] for e in extra)],
+            *extra, *(["--dry-run", str(tmp_path / "g.json")] if dry else [])]
+    assert cli.main(argv) == 2
+    assert capsys.readouterr().err == f"fanin: error: {said}\n"
+    assert not (tmp_path / "g.json").exists()

@@ -14,7 +14,7 @@ import apache_beam as beam
 import pytest
 
 from fanin.cli import main as fanin_main
-from fanin.pipelines.pipeline import RunConfig, build
+from fanin.pipelines.pipeline import ConfigError, RunConfig, build
 from fanin.runners import DryRunError, dataflow, dry_run, maybe_dry_run
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "fanin" / "examples"
@@ -87,6 +87,10 @@ def test_update_is_checked_without_the_job_lookup(tmp_path: Path) -> None:
     assert any(s.startswith("--update") for s in report.skipped)
     assert report.problems == ("--transform_name_mapping maps 'Join/OldJoin' to "
                                "'Join/Renamed', which is not a transform of the new graph",)
+    # the file shows the options as given, though the job request is built without them
+    options = json.loads((tmp_path / "g.json").read_text())["options"]
+    assert (options["update"], options["transform_name_mapping"]) == \
+        (True, {"Join/OldJoin": "Join/Renamed"})
 
 
 def test_local_runner_dry_run_has_no_job(tmp_path: Path) -> None:
@@ -159,7 +163,11 @@ def test_maybe_dry_run_without_the_option_does_nothing(tmp_path: Path) -> None:
 ])
 def test_what_needs_the_network_is_refused(tmp_path: Path, args: list[str],
                                            config: dict[str, object], message: str) -> None:
-    with pytest.raises(DryRunError, match=message):
+    """Refused before anything is built: by the job's checks (``ConfigError``) or the dry
+    run's own (``DryRunError``), both one line."""
+    (tmp_path / "requirements.txt").write_text("")
+    args = [a.replace("=requirements.txt", f"={tmp_path / 'requirements.txt'}") for a in args]
+    with pytest.raises((ConfigError, DryRunError), match=message):
         dry_run(_config(**config), args, str(tmp_path / "g.json"))
     assert not (tmp_path / "g.json").exists()
 

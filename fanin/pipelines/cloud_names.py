@@ -1,0 +1,48 @@
+"""Google Cloud names a Dataflow job is given, checked offline (one ``ValueError`` line each):
+project ids, regions, ``gs://`` paths. Beam's own checks are looser, and an invalid bucket
+name makes Beam try to create a default bucket over the network. Used by ``fanin run`` before
+a Dataflow job is built (``fanin.pipelines.pipeline``) and by the presets (``fanin.runners``).
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["SETUP_FILE_NAMES", "match_name", "validate_dataflow_location", "validate_gcs_path"]
+
+SETUP_FILE_NAMES = ("setup.py", "pyproject.toml")  # the files Beam takes as --setup_file
+
+# Google Cloud naming rules (documented limits).
+_PROJECT = re.compile(r"(?:[a-z][-a-z0-9.]*[a-z0-9]:)?[a-z][-a-z0-9]{4,28}[a-z0-9]")
+_REGION = re.compile(r"[a-z]+-[a-z]+[0-9]+")
+_ZONE = re.compile(r"[a-z]+-[a-z]+[0-9]+-[a-z]")
+_BUCKET = re.compile(r"[a-z0-9][-_.a-z0-9]{1,61}[a-z0-9]")
+
+
+def match_name(name: str, pattern: re.Pattern[str], value: str, expected: str) -> None:
+    """Raise ``ValueError`` (``<name> must be <expected>, got <value>``) unless ``value`` is a
+    string ``pattern`` matches whole."""
+    if not isinstance(value, str) or not pattern.fullmatch(value):
+        raise ValueError(f"{name} must be {expected}, got {value!r}")
+
+
+def validate_gcs_path(name: str, path: str) -> None:
+    """Raise ``ValueError`` unless ``path`` is ``gs://BUCKET[/...]`` with a valid bucket name.
+
+    An invalid bucket name is worse than an error: Beam then tries to create a default bucket
+    over the network.
+    """
+    if not isinstance(path, str) or not path.startswith("gs://"):
+        raise ValueError(f"{name} must be a gs:// path, got {path!r}")
+    match_name(f"{name} bucket", _BUCKET, path[5:].split("/", 1)[0],
+                "a valid bucket name (3-63 characters: a-z, 0-9, -, _, .)")
+
+
+def validate_dataflow_location(project: str, region: str, temp_location: str) -> None:
+    """Raise ``ValueError`` unless project, region and ``gs://`` temp_location are well formed."""
+    match_name("project", _PROJECT, project, "a project id such as my-project (6-30 characters: "
+                "lower-case letters, digits, hyphens; not a project number)")
+    if isinstance(region, str) and _ZONE.fullmatch(region):
+        raise ValueError(f"region must be a region such as us-central1, not a zone: {region!r}")
+    match_name("region", _REGION, region, "a region such as us-central1")
+    validate_gcs_path("temp_location", temp_location)
