@@ -94,7 +94,7 @@ def _add_run(subparsers: argparse._SubParsersAction) -> None:
                         help="streaming: longest wait (processing time, whole seconds, at "
                         "most 86400) before pending outputs are written to a file")
     limits.add_argument("--shards", type=int, default=1,
-                        help="files per output (bounded), per write (streaming)")
+                        help="files per output (bounded), per write (streaming); 1 to 1000")
     run.add_argument("--log-closes", action="store_true",
                      help="log one structured event per close (fanin.close logger; also "
                      "on Dataflow workers, one Cloud Logging entry per close)")

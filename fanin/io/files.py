@@ -1,8 +1,8 @@
 """Atomic file writes, shared by the pipeline's output writer and the analysis tools.
 
 Guarantee: ``atomic_write(path, write)`` calls ``write`` on a binary file named
-``<path>.tmp-<random>`` beside ``path``, then renames it onto ``path``. Readers see the old
-file, no file, or the complete new file; never a partial one under the final name (and a
+``.<name>.tmp-<random>`` (hidden) beside ``path``, then renames it onto ``path``. Readers
+see the old file, no file, or the complete new file; never a partial one under the final name (and a
 temporary file never has an output's suffix, so tools that read ``*.jsonl`` / ``*.parquet``
 skip it). Local paths are fsynced (file and folder) before and after the rename; other Beam
 filesystems (``gs://...``) are written through ``FileSystems`` (create, then rename). On error
@@ -30,7 +30,8 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[BinaryIO], objec
     A local ``path`` that cannot be written (empty, a folder, under a file, no permission)
     raises ``OSError`` naming ``path`` as given, never the temporary file, which is removed."""
     name = os.fspath(path)
-    tmp = f"{name}.tmp-{uuid.uuid4().hex}"
+    folder, slash, base = name.rpartition("/")  # a local path or a Beam filesystem's
+    tmp = f"{folder}{slash}.{base}.tmp-{uuid.uuid4().hex}"  # hidden: readers skip it
     if "://" in name:
         _remote(name, tmp, write)
         return

@@ -63,6 +63,7 @@ __all__ = ["ConfigError", "RunConfig", "build", "catalog_for", "checkout_setup_f
 
 _LOG = logging.getLogger("fanin")
 MAX_WINDOW_S = 86_400  # --window-s: outputs are written at least once a day
+MAX_SHARDS = 1_000  # --shards: file names give a shard three digits (s000-s999)
 
 
 class ConfigError(ValueError):
@@ -125,9 +126,9 @@ class RunConfig:
         if self.max_bytes_per_join < self.max_bytes:
             raise ConfigError("--max-bytes-per-join must be >= --max-bytes (a join must hold "
                               "at least one message)")
-        if not 0 < self.window_s <= MAX_WINDOW_S or self.shards < 1:  # NaN fails too
+        if not 0 < self.window_s <= MAX_WINDOW_S or not 1 <= self.shards <= MAX_SHARDS:
             raise ConfigError(f"--window-s must be > 0 and at most {MAX_WINDOW_S} (a day), "
-                              "and --shards >= 1")
+                              f"and --shards from 1 to {MAX_SHARDS}")  # NaN fails too
 
     def _validate_pubsub_paths(self) -> None:
         """Every Pub/Sub path is one the service accepts (the reason in one line if not)."""

@@ -253,8 +253,10 @@ def _temp_prefix(kind: str, token: str, shard: int) -> str:
 
 
 def _encode(obj: dict[str, Any], shards: int) -> tuple[int, str]:
-    """(shard by join_id, the output line: ``encode_line``)."""
-    shard = zlib.crc32((obj.get("join_id") or "").encode()) % shards
+    """(shard by join_id, or by the message text for a dead letter, which has no join_id;
+    the output line: ``encode_line``)."""
+    key = obj.get("join_id") or obj.get("raw") or obj.get("raw_base64") or ""
+    shard = zlib.crc32(key.encode("utf-8", "surrogatepass")) % shards if shards > 1 else 0
     return shard, encode_line(obj)
 
 

@@ -165,6 +165,20 @@ def test_parquet_round_trip_and_partitions(tmp_path: Path) -> None:
     assert not [p for p in tmp_path.rglob("*") if p.name.startswith(".")]
 
 
+def test_atomic_write_writes_under_a_hidden_name(tmp_path: Path) -> None:
+    """docs/spec.md §5: a file appears atomically, written under a hidden temporary name (a
+    visible ``x.jsonl.tmp-...`` was left by a killed run where users look)."""
+    seen: list[str] = []
+
+    def write(fh: Any) -> None:
+        seen.extend(p.name for p in tmp_path.iterdir())
+        fh.write(b"{}\n")
+
+    atomic_write(tmp_path / "closes-x-p0000-s000.jsonl", write)
+    assert len(seen) == 1 and seen[0].startswith(".closes-x-p0000-s000.jsonl.tmp-"), seen
+    assert [p.name for p in tmp_path.iterdir()] == ["closes-x-p0000-s000.jsonl"]
+
+
 def test_atomic_write_leaves_nothing_on_failure(tmp_path: Path) -> None:
     def crash(fh: Any) -> None:
         fh.write(b"PAR1 half")

@@ -190,6 +190,8 @@ def test_cli_runs_and_refuses_bad_use(traffic: dict[str, Path], tmp_path: Path,
          "--window-s", "1e300"],  # Beam's translation raised 'Value out of range'
         ["run", "--input", str(traffic["arrival"]), "--output", str(out / "s"), "--replay",
          "--window-s", "86401"],
+        *(["run", "--input", str(traffic["arrival"]), "--output", str(out / "s"), "--shards",
+           shards] for shards in ("0", "1001")),  # s<shard> names have three digits
         # BigQuery file loads need a gs:// --temp_location (Beam failed inside the job)
         ["run", "--input", str(traffic["arrival"]), "--output", str(out / "bq"),
          "--bigquery-dataset", "my-project:fanin"],

@@ -66,3 +66,14 @@ def test_parquet_is_written_from_the_merged_lines(tmp_path: Path) -> None:
     parquet = [p for p in written if p.endswith(".parquet")]
     assert len(parquet) == 1 and pq.read_table(parquet[0]).num_rows == len(objs)
     assert not [p for p in tmp_path.rglob("*") if ".tmp-" in p.name]
+
+
+def test_dead_letters_spread_over_the_shards() -> None:
+    """``--shards`` splits dead letters too (by their message: they have no join_id); all went
+    to shard 0."""
+    letters = [{"error": "invalid_json", "detail": "d", "raw": f"not json {i}"}
+               for i in range(40)]
+    assert {_encode(letter, 3)[0] for letter in letters} == {0, 1, 2}
+    closes = [{"join_id": f"j{i}", "reason": "complete"} for i in range(40)]
+    assert {_encode(close, 3)[0] for close in closes} == {0, 1, 2}
+    assert {_encode(close, 1)[0] for close in closes + letters} == {0}
