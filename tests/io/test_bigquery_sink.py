@@ -52,7 +52,7 @@ def test_dataset_names_are_checked() -> None:
 def test_dataflow_dry_run_with_the_bigquery_sink_finds_no_problem(tmp_path: Path) -> None:
     from fanin.runners import dry_run
 
-    config = RunConfig(output=str(tmp_path / "out"), inputs=[str(EXAMPLE)],
+    config = RunConfig(output="gs://fanin-dry-run-bucket/out", inputs=[str(EXAMPLE)],
                        contracts_path=CONTRACTS_PATH, bigquery_dataset="my-proj:fanin")
     report = dry_run(config, ["--runner=DataflowRunner", "--project=my-proj",
                               "--region=us-central1", "--temp_location=gs://my-bucket/tmp",
