@@ -29,7 +29,7 @@ from fanin.contracts.jsonvalue import JSONRefused, canonical, encode_str, loads
 from fanin.contracts.messages import MAX_ATTEMPT, OpenMessage, ReceiptMessage
 from fanin.contracts.timefmt import duration_ms, format_ms, parse_rfc3339
 
-__all__ = ["DEFAULT_MAX_BYTES", "ERRORS", "Source", "dead_letter", "parse_message",
+__all__ = ["DEFAULT_MAX_BYTES", "ERRORS", "Source", "dead_letter", "is_utf8", "parse_message",
            "read_join_id", "source_object"]
 
 # Where a message came from: a dict (e.g. Pub/Sub's), or ``(path, line)`` for a file line,
@@ -75,7 +75,8 @@ def dead_letter(error: str, detail: str, raw: str | bytes, source: Source
     return line
 
 
-def _is_utf8(text: str) -> bool:
+def is_utf8(text: str) -> bool:
+    """Whether UTF-8 can encode ``text`` (a lone surrogate cannot)."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
@@ -248,7 +249,7 @@ def parse_message(data: bytes | str, source: Source, contracts: Container[str], 
             return None, dead_letter("too_large", f"{size} bytes > limit {max_bytes}", data,
                                      source)
         text = data
-        if size == 0 and not _is_utf8(text):
+        if size == 0 and not is_utf8(text):
             return parse_message(text.encode("utf-8", "surrogatepass"), source, contracts,
                                  max_bytes)
     try:

@@ -34,7 +34,7 @@ from collections.abc import Container, Iterable
 from typing import Any, Literal
 
 from fanin.contracts.jsonvalue import MAX_DEPTH, encode_str
-from fanin.contracts.parsing import parse_message
+from fanin.contracts.parsing import is_utf8, parse_message
 from fanin.sdk.context import JoinContext
 
 __all__ = ["ERROR_TEXT_LIMIT", "STATUSES", "MessageRefused", "Status", "encode_message",
@@ -168,16 +168,6 @@ def refuse_unparsable(msg: dict[str, Any], line: str, max_bytes: int,
         raise MessageRefused(_where(msg), dead["error"], dead["detail"])
 
 
-def _not_utf8(text: object) -> bool:
-    if not isinstance(text, str):
-        return False
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    return False
-
-
 def refuse_unreportable(msg: dict[str, Any], max_bytes: int,
                         contracts: Container[str] | None = None) -> None:
     """Raise ``MessageRefused`` if ``fanin run`` would dead-letter ``msg``, a message whose
@@ -194,7 +184,8 @@ def refuse_unreportable(msg: dict[str, Any], max_bytes: int,
     try:
         refuse_unparsable(msg, line, max_bytes, contracts)
     except MessageRefused as refused:
-        bad = [name for name, text in msg.items() if _not_utf8(text)]
+        bad = [name for name, text in msg.items()
+               if isinstance(text, str) and not is_utf8(text)]
         if refused.error != "not_utf8" or not bad:
             raise
         raise MessageRefused(_where(msg), refused.error,
