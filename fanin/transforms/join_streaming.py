@@ -88,6 +88,26 @@ def _read_meta(meta: Any) -> list[Any] | None:
     return value
 
 
+def _boundary(full: list[Any]) -> int | None:
+    """Where a full join's final decision ``FULL`` ends: its tombstone's end after a close
+    (None for a ``FULL`` an earlier Fanin wrote without it), its decision time when undefined.
+    A record after it belongs to the next join."""
+    if full[0] is None:
+        return int(full[1])
+    return int(full[3]) if len(full) > 3 else None
+
+
+def _beyond_limit(record: R.Record, full: list[Any]) -> list[Any]:
+    """The output of a record that does not fit a full join and is not after ``_boundary``
+    (docs/spec.md §4, per-join limits): late if the join closed before its event time, else
+    ``join_too_large``."""
+    closed_at, deadline, reason = full[:3]
+    time = record[R.TIME]
+    if closed_at is not None and time > closed_at:
+        return [(LATE, _core(late_object, record, late_reason(time, deadline), reason))]
+    return list(rejected_outputs([record], "join_too_large", TOO_LARGE_DETAIL))
+
+
 class JoinDoFn(_Counting):
     """The streaming join: per ``join_id`` state in the global window, event-time timers.
 
@@ -276,25 +296,20 @@ class JoinDoFn(_Counting):
         join is settled now and the record starts the next one); else ``join_too_large``.
         """
         full = self._full_decision(value, msgs, meta)
-        closed_at, deadline, reason = full[:3]
-        boundary = full[3] if closed_at is not None and len(full) > 3 else None
-        time = record[R.TIME]
-        if (closed_at is None and time > deadline) or (boundary is not None and time > boundary):
+        boundary = _boundary(full)
+        if boundary is not None and record[R.TIME] > boundary:
             # after the decided join: the record starts the next one, so the final decision
             # is applied now (the close or the rejection, at the horizon it was made at)
             msgs.add(record)
             self._holding = True
             value[COUNT] += 1
             value[BYTES] += message_bytes(record)
-            value[HORIZON] = max(value[HORIZON], deadline if boundary is None else boundary)
+            value[HORIZON] = max(value[HORIZON], boundary)
             value[FULL] = None
             yield from self._settle(join_id, list(msgs.read()), value, msgs, meta,
                                     decide_timer, expire_timer)
-        elif closed_at is not None and time > closed_at:
-            yield from self._emit([(LATE, _core(late_object, record,
-                                                late_reason(time, deadline), reason))])
         else:
-            yield from self._emit(rejected_outputs([record], "join_too_large", TOO_LARGE_DETAIL))
+            yield from self._emit(_beyond_limit(record, full))
 
     def _full_decision(self, value: list[Any], msgs: Any, meta: Any) -> list[Any]:
         """``FULL``: the final decision over a full bag (computed once, then kept in META)."""
@@ -331,17 +346,11 @@ class JoinDoFn(_Counting):
         size = value[BYTES] + message_bytes(record)
         if value[COUNT] >= self._max_messages or (value[COUNT] and size > self._max_bytes):
             value[BYTES] = max(value[BYTES], self._max_bytes)  # full: stays full
-            closed_at, next_deadline, reason, *rest = self._full_decision(value, msgs, meta)
-            boundary = rest[0] if closed_at is not None else next_deadline
-            if closed_at is not None and closed_at < time <= boundary:
+            full = self._full_decision(value, msgs, meta)
+            boundary = _boundary(full)
+            if boundary is None or time <= boundary:
                 meta.write(value)
-                yield from self._emit([(LATE, _core(late_object, record,
-                                                    late_reason(time, next_deadline), reason))])
-                return
-            if time <= boundary:
-                meta.write(value)
-                yield from self._emit(rejected_outputs([record], "join_too_large",
-                                                       TOO_LARGE_DETAIL))
+                yield from self._emit(_beyond_limit(record, full))
                 return
             size = value[BYTES] + message_bytes(record)
         msgs.add(record)
