@@ -140,8 +140,10 @@ def _run(args: argparse.Namespace, beam_args: Sequence[str]) -> int:
             from fanin.runners.job_server_options import checked_runner
 
             runner = checked_runner(beam_args, args.job_server_options)
-        earlier = _files(args.output) if "://" not in args.output and not args.overwrite \
-            else frozenset()  # a subscription's next run writes beside them
+        # a subscription's next run writes beside an earlier run's files (any other run
+        # starts from none, or deletes them)
+        earlier = _files(args.output) if (args.subscription or args.topic) and \
+            "://" not in args.output and not args.overwrite else frozenset()
         try:
             run_pipeline(config, beam_args, runner)
         except RuntimeError as exc:  # a job server's jar that is not here: a set-up error
