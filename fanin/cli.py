@@ -21,7 +21,8 @@ import importlib
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 __all__ = ["main"]
 
@@ -39,11 +40,11 @@ _PLUGINS: dict[str, tuple[str, str]] = {
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2
+    def error(self, message: str) -> NoReturn:  # one line, exit 2
         self.exit(2, f"fanin: error: {message.splitlines()[0]}\n")
 
 
-def _add_run(subparsers: argparse._SubParsersAction) -> None:
+def _add_run(subparsers: argparse._SubParsersAction[_Parser]) -> None:
     run = subparsers.add_parser(
         "run", help="run the join pipeline", description="Run the Fanin join pipeline. "
         "Options not listed here are passed to Apache Beam.")
@@ -208,10 +209,10 @@ def _summary(output: str, jsonl: bool, earlier: frozenset[str] = frozenset()) ->
 
 def _unknown_beam_args(args: Sequence[str]) -> list[str]:
     """Arguments that neither Fanin nor any Beam ``PipelineOptions`` knows (bad values raise)."""
-    from apache_beam.options.pipeline_options import PipelineOptions
+    from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
 
-    class _Raising(argparse.ArgumentParser):
-        def error(self, message: str) -> None:  # a Beam option with a bad value
+    class _Raising(_BeamArgumentParser):  # the parser Beam gives its options
+        def error(self, message: str) -> NoReturn:  # a Beam option with a bad value
             raise ValueError(message)
 
     parser = _Raising(allow_abbrev=False, add_help=False)
@@ -262,6 +263,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = next((a for a in argv if not a.startswith("-")), None)
     parser = _parser(command)
     args, rest = parser.parse_known_args(argv)
+    run: Callable[..., int] = args.func  # the subcommand's entry point
     if args.command != "run" and rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.command == "run":
@@ -276,8 +278,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 args.job_server_options = job_server_option_names(rest, unknown)
             except ValueError as exc:
                 parser.error(str(exc))
-        return args.func(args, rest)
-    return args.func(args)
+        return run(args, rest)
+    return run(args)
 
 
 if __name__ == "__main__":

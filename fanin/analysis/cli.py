@@ -62,7 +62,7 @@ cmd_query = _guarded("query", _query)
 cmd_report = _guarded("report", _report)
 
 
-def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
+def add_subcommand(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``query`` and ``report`` on ``subparsers`` (from ``add_subparsers()``)."""
     query = subparsers.add_parser(
         "query", help="run read-only SQL over an output folder",

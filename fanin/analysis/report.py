@@ -20,6 +20,7 @@ import datetime as dt
 import os
 from dataclasses import dataclass
 from html import escape
+from typing import Any
 
 import duckdb
 
@@ -141,15 +142,21 @@ def _top_branches(con: duckdb.DuckDBPyConnection, column: str) -> Chart:
     )
 
 
+def _one(con: duckdb.DuckDBPyConnection, sql: str) -> Any:
+    """The one value of an aggregate query (which always returns one row)."""
+    row = con.execute(sql).fetchone()
+    if row is None:
+        raise ValueError(f"no row from an aggregate query: {sql}")
+    return row[0]
+
+
 def build_report(directory: str | os.PathLike[str]) -> Report:
     """Query the outputs in ``directory`` (errors as ``open_outputs``) into a ``Report``."""
     con = open_outputs(directory)
     try:
-        rows = {k: con.execute(f"SELECT count(*) FROM {k}").fetchone()[0]  # noqa: S608
+        rows = {k: _one(con, f"SELECT count(*) FROM {k}")  # noqa: S608
                 for k in ("closes", "late", "dead_letter")}
-        overall = con.execute(
-            "SELECT quantile_cont(latency_ms, [0.5, 0.95, 0.99]) FROM closes"
-        ).fetchone()[0]
+        overall = _one(con, "SELECT quantile_cont(latency_ms, [0.5, 0.95, 0.99]) FROM closes")
         charts = (
             _reasons_over_time(con),
             _latency(con),
@@ -182,7 +189,11 @@ def summary_text(report: Report) -> str:
     """A few plain lines for the terminal: totals, latency, top problems."""
     lat = report.latency
     latency = f"p50 {lat[0]:,.0f} / p95 {lat[1]:,.0f} / p99 {lat[2]:,.0f} ms" if lat else "n/a"
-    rows, part = report.rows, lambda chart_id: _breakdown(report.chart(chart_id))
+    rows = report.rows
+
+    def part(chart_id: str) -> str:
+        return _breakdown(report.chart(chart_id))
+
     lines = [
         f"Fanin outputs in {report.directory}",
         f"  closes:       {rows['closes']:,} ({part('close-reasons')})",

@@ -310,8 +310,9 @@ class _Generator:
         open_fields: dict[str, Any] = {}
         keyed: dict[str, tuple[str, Any]] = {}
         if rng.random() >= rates.explicit_open:
-            contract: str | None = rng.choice(self.names)
-            spec = self.contracts[contract]
+            name: str = rng.choice(self.names)
+            contract: str | None = name
+            spec = self.contracts[name]
             required, optional = list(spec.required or ()), list(spec.optional or ())
             deadline_s = spec.deadline_s or JoinDefaults().deadline_s
             keyed = dict(zip(reversed(required), spec.schemas.items(), strict=False))
@@ -374,7 +375,8 @@ class _Generator:
         if rng.random() < rates.retry:
             for _ in range(1 if rng.random() < 0.7 else 2):
                 status: Status = "timeout" if rng.random() < 0.3 else "error"
-                error = "upstream returned 503" if status == "error" else "no answer in 5s"
+                error: str | None = ("upstream returned 503" if status == "error"
+                                     else "no answer in 5s")
                 self._send(join, self._receipt(join, branch, status, event, attempt=attempt,
                                                error=error),
                            "receipt" if attempt == 1 else "retry", event)

@@ -142,14 +142,15 @@ class FaninCallbackHandler(BaseCallbackHandler):
         with self._lock:
             parent = self._tasks.get(parent_run_id) if parent_run_id else None
             if parent is not None:
-                specs = self._branches.get(parent.node, {}).get(name, ())
+                routes = self._branches.get(parent.node, {})
+                specs = routes.get(name, ()) if name is not None else ()
                 seen = sum(1 for spec, _ in parent.routes if spec in specs)
                 if seen < len(specs):
                     self._routers[run_id] = (parent, specs[seen])
                 return
             node = meta.get("langgraph_node")
             namespace = meta.get("langgraph_checkpoint_ns", "")
-            if (parent_run_id is None or node != name
+            if (parent_run_id is None or node is None or node != name
                     or (node not in self._nodes and node != START)
                     or "|" in namespace or f"graph:step:{meta.get('langgraph_step')}"
                     not in (tags or ())):

@@ -21,10 +21,12 @@ Guarantees:
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import apache_beam as beam
 from apache_beam.io.gcp.bigquery import BigQueryDisposition, WriteToBigQuery
 from apache_beam.io.gcp.bigquery_tools import RetryStrategy
+from apache_beam.pvalue import PCollection, PDone
 
 from fanin.contracts.tables import bigquery_schema, to_bigquery_row
 
@@ -47,7 +49,7 @@ def write_method(streaming: bool) -> str:
             else WriteToBigQuery.Method.FILE_LOADS)
 
 
-class WriteOutputTable(beam.PTransform):
+class WriteOutputTable(beam.PTransform[PCollection[Any], PDone]):
     """Output objects of one kind -> rows of the BigQuery table ``<dataset>.<kind>``."""
 
     def __init__(self, dataset: str, kind: str, streaming: bool) -> None:
@@ -56,8 +58,8 @@ class WriteOutputTable(beam.PTransform):
         self._kind = kind
         self._streaming = streaming
 
-    def expand(self, pcoll: beam.PCollection) -> beam.pvalue.PDone:
-        retry = ({"insert_retry_strategy": RetryStrategy.RETRY_ON_TRANSIENT_ERROR}
+    def expand(self, pcoll: PCollection[Any]) -> PDone:
+        retry: dict[str, Any] = ({"insert_retry_strategy": RetryStrategy.RETRY_ON_TRANSIENT_ERROR}
                  if self._streaming else {})
         return (
             pcoll

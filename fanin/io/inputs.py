@@ -41,7 +41,7 @@ def check_start(path: str) -> None:
     decompressed (a file that is not of its suffix's format), before a job reads it in full."""
     from apache_beam.io.filesystem import CompressionTypes
 
-    kind = CompressionTypes.detect_compression_type(path)  # type: ignore[no-untyped-call]
+    kind = CompressionTypes.detect_compression_type(path)
     if kind == CompressionTypes.UNCOMPRESSED:
         return
     with input_lines(path) as lines:

@@ -8,10 +8,11 @@ stays remote (``pathlib`` would make ``gs://b`` the local path ``gs:/b``).
 
 from __future__ import annotations
 
+import functools
 import os
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, BinaryIO
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -52,5 +53,9 @@ def write_parquet(
         pq.write_table(pa.Table.from_pylist(group, schema=schema(kind)), buffer,
                        compression="zstd")
         data = buffer.getvalue()
-        atomic_write(path, lambda fh, d=data: fh.write(d))
+        atomic_write(path, functools.partial(_write_to, data))
     return sorted(groups)
+
+
+def _write_to(data: pa.Buffer, fh: BinaryIO) -> None:
+    fh.write(data)

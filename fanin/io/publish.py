@@ -211,7 +211,7 @@ def publish_file(
     ``UnreadableInput`` before anything is published. Uses
     ``google.cloud.pubsub_v1.PublisherClient``, which honours ``PUBSUB_EMULATOR_HOST``.
     """
-    from google.cloud import pubsub_v1
+    import google.cloud.pubsub_v1 as pubsub_v1
 
     validate_topic_path(topic)
     if path != "-":

@@ -27,7 +27,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import apache_beam as beam
@@ -36,7 +36,8 @@ from apache_beam.io.gcp.pubsub import (
     ReadFromPubSub,
     WriteToPubSub,
 )
-from apache_beam.metrics import Metrics
+from apache_beam.metrics.metric import Metrics
+from apache_beam.pvalue import PBegin, PCollection, PDone
 from apache_beam.transforms.window import TimestampedValue
 from apache_beam.utils.timestamp import Timestamp
 
@@ -96,8 +97,8 @@ def check_pubsub_resources(subscription: str | None = None, topics: Sequence[str
     each of ``topics`` exist, before a run starts reading or publishing. Raises ``ValueError``
     with one line: the resource that does not exist, or that the service did not answer within
     ``timeout_s`` (and where it was asked)."""
+    import google.cloud.pubsub_v1 as pubsub_v1
     from google.api_core import exceptions
-    from google.cloud import pubsub_v1
 
     where = os.environ.get("PUBSUB_EMULATOR_HOST") or "pubsub.googleapis.com"
     asks = [("subscription", s) for s in (subscription,) if s] + [("topic", t) for t in topics]
@@ -208,7 +209,7 @@ class _ToRecord(beam.DoFn):
         if self._stale_after_ms is not None:
             self._stale = _StaleReport(self._stale_after_ms)
 
-    def process(self, message: PubsubMessage):
+    def process(self, message: PubsubMessage) -> Iterator[Any]:
         attributes = dict(message.attributes or {})
         source = {
             "kind": "pubsub",
@@ -248,7 +249,7 @@ def _on_local_direct_runner(pipeline: beam.Pipeline) -> bool:
     return isinstance(pipeline.runner, (BundleBasedDirectRunner, DirectRunner))
 
 
-class ReadMessages(beam.PTransform):
+class ReadMessages(beam.PTransform[PBegin, PCollection[Any]]):
     """Read Pub/Sub messages as ``(data: bytes, source: dict)`` pairs (streaming only).
 
     Exactly one of ``subscription`` (``projects/P/subscriptions/S``) or ``topic``
@@ -294,10 +295,12 @@ class ReadMessages(beam.PTransform):
         super().__init__()
         if (subscription is None) == (topic is None):
             raise ValueError("ReadMessages needs exactly one of subscription= or topic=")
+        # what the read names in each message's source: ("subscription" | "topic", its path)
+        self._source: tuple[str, str]
         if subscription is not None:
-            validate_pubsub_path(subscription, "subscriptions")
-        else:
-            validate_pubsub_path(topic, "topics")
+            self._source = "subscription", validate_pubsub_path(subscription, "subscriptions")
+        elif topic is not None:
+            self._source = "topic", validate_pubsub_path(topic, "topics")
         self._subscription = subscription
         self._topic = topic
         self._timestamp_attribute = timestamp_attribute
@@ -305,19 +308,17 @@ class ReadMessages(beam.PTransform):
         self.drain = drain or Drain()
         self._stale_after_ms = stale_after_ms
 
-    def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection:
+    def expand(self, pbegin: PBegin) -> PCollection[Any]:
         if self._id_label is not None and not _on_dataflow(pbegin.pipeline):
             raise NotImplementedError(
                 f"ReadMessages(id_label={self._id_label!r}) needs the Dataflow runner; "
                 f"{type(pbegin.pipeline.runner).__name__} does not deduplicate by id_label. "
                 "Drop id_label: the join's reducer counts redelivered receipts as duplicates."
             )
-        if self._subscription is not None:
-            kind, name = "subscription", self._subscription
-        else:
-            kind, name = "topic", self._topic
+        kind, name = self._source
         if _on_local_direct_runner(pbegin.pipeline):
-            read: beam.PTransform = DrainableLocalRead(self.drain, self._subscription, self._topic)
+            read: beam.PTransform[PBegin, PCollection[Any]] = DrainableLocalRead(
+                self.drain, self._subscription, self._topic)
         else:
             read = ReadFromPubSub(subscription=self._subscription, topic=self._topic,
                                   id_label=self._id_label, with_attributes=True)
@@ -368,7 +369,7 @@ def _to_pubsub_message(
     return PubsubMessage(data, attributes)
 
 
-class PublishJson(beam.PTransform):
+class PublishJson(beam.PTransform[PCollection[Any], PDone]):
     """Publish each input dict to ``topic`` as one compact JSON message.
 
     Data: the same compact UTF-8 JSON as the output files (``fanin.core.outcomes.encode_line``);
@@ -392,7 +393,7 @@ class PublishJson(beam.PTransform):
         self._topic = topic
         self._attributes_fn = attributes_fn
 
-    def expand(self, pcoll: beam.PCollection) -> beam.pvalue.PDone:
+    def expand(self, pcoll: PCollection[Any]) -> PDone:
         attributes_fn = self._attributes_fn
         return (
             pcoll

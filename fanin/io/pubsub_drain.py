@@ -41,16 +41,16 @@ import time
 import uuid
 import weakref
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 from apache_beam.io.gcp.pubsub import ReadFromPubSub
 from apache_beam.pvalue import PBegin, PCollection
 from apache_beam.runners.direct.direct_runner import _DirectReadFromPubSub
 from apache_beam.runners.direct.transform_evaluator import (
     TransformEvaluatorRegistry,
-    TransformResult,
     _PubSubReadEvaluator,
 )
+from apache_beam.runners.direct.util import TransformResult
 from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.timestamp import MAX_TIMESTAMP
 
@@ -125,11 +125,12 @@ class DrainableLocalRead(_DirectReadFromPubSub):
 
     def __init__(self, drain: Drain, subscription: str | None = None,
                  topic: str | None = None) -> None:
-        super().__init__(ReadFromPubSub(subscription=subscription, topic=topic,
-                                        with_attributes=True)._source)
+        # Beam's private read, unannotated
+        super().__init__(ReadFromPubSub(  # type: ignore[no-untyped-call]
+            subscription=subscription, topic=topic, with_attributes=True)._source)
         self.drain = drain
 
-    def expand(self, pbegin: PBegin) -> PCollection:
+    def expand(self, pbegin: PBegin) -> PCollection[Any]:
         return PCollection(pbegin.pipeline, is_bounded=False)
 
 
@@ -139,8 +140,8 @@ def _emulator_subscriber(host: str) -> Any:
     receive limit. The client library's emulator channel keeps that default (its channel for
     the service has none), so a pull of more than 4 MiB of messages, or one message over it
     (Pub/Sub takes up to 10 MB), failed on every retry and the read stalled for good."""
+    import google.cloud.pubsub_v1 as pubsub_v1
     import grpc
-    from google.cloud import pubsub_v1
     from google.pubsub_v1.services.subscriber.transports import SubscriberGrpcTransport
 
     channel = grpc.insecure_channel(host, options=[("grpc.max_receive_message_length", -1),
@@ -219,10 +220,14 @@ class _DrainableReadEvaluator(_PubSubReadEvaluator):
     """
 
     def _get_subscriber_client(self, transform: Any) -> Any:  # type: ignore[override]
-        client = super()._get_subscriber_client(transform)
+        client = super()._get_subscriber_client(transform)  # type: ignore[no-untyped-call]
         host = os.environ.get("PUBSUB_EMULATOR_HOST")
         return _IdlePollingClient(_emulator_subscriber(host) if host else client,
                                   transform.transform.drain)
+
+    def _read(self) -> DrainableLocalRead:
+        """The read this evaluator runs (the registry maps only ``DrainableLocalRead`` here)."""
+        return cast(DrainableLocalRead, self._applied_ptransform.transform)
 
     def _quiescent(self) -> bool:
         """No bundle pending, no fired timer in progress, and every step's input watermark at
@@ -252,7 +257,7 @@ class _DrainableReadEvaluator(_PubSubReadEvaluator):
         Dataflow's Pub/Sub watermark follows the oldest unacknowledged message; once a pull
         comes back empty (nothing waits), it is the clock's again. (A pull brings at most 100
         messages from the emulator, whatever it asks for.)"""
-        drain: Drain = self._applied_ptransform.transform.drain
+        drain = self._read().drain
         if not drain.requested:
             result = super().finish_bundle()
             if self._backlog is None:
@@ -264,8 +269,10 @@ class _DrainableReadEvaluator(_PubSubReadEvaluator):
         if drain.settle(self._quiescent()) >= _SETTLED_CHECKS:
             return TransformResult(self, [], [], None, {None: MAX_TIMESTAMP})
         time.sleep(_IDLE_WAIT_S / 2)  # let the timers fire before the next check
+        # as Beam's own read evaluators make theirs; the runner's copy of the read may have
+        # no pipeline set (None), which the residual bundle does not need
         residual = self._evaluation_context.create_bundle(
-            PBegin(self._applied_ptransform.transform.pipeline))
+            PBegin(cast(Any, self._read().pipeline)))
         return TransformResult(self, [], [residual], None, {None: _END})
 
 

@@ -23,6 +23,7 @@ import shutil
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
@@ -33,6 +34,7 @@ from apache_beam.options.pipeline_options import (
     StandardOptions,
     WorkerOptions,
 )
+from apache_beam.pvalue import PCollection
 
 from fanin.contracts.catalog import Catalog, JoinDefaults, load_contracts
 from fanin.contracts.parsing import DEFAULT_MAX_BYTES
@@ -225,7 +227,7 @@ def replay_of(lines: Iterable[tuple[bytes, Source]], catalog: Catalog,
 
 def build(p: beam.Pipeline, config: RunConfig, catalog: Catalog,
           drain: Drain | None = None
-          ) -> dict[str, beam.PCollection | tuple[beam.PCollection, ...]]:
+          ) -> dict[str, PCollection[Any] | tuple[PCollection[Any], ...]]:
     """Add the whole job to ``p``; returns the joined outputs by name (for tests): the dead
     letters of a bounded run without BigQuery are a tuple, those of the join and of the
     parse. ``drain`` stops a Pub/Sub read on the local runner (``fanin.io.pubsub_drain``)."""

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import apache_beam as beam
-from apache_beam import coders
+from apache_beam.coders.typecoders import registry
 from apache_beam.internal import pickler
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import (
@@ -193,7 +193,7 @@ class _Checks(PipelineVisitor):
 
     def _key_coder(self, node: AppliedPTransform) -> None:
         (pcoll,) = node.main_inputs.values()
-        coder = coders.registry.get_coder(pcoll.element_type)
+        coder = registry.get_coder(pcoll.element_type)
         if not coder.is_kv_coder():
             self.problems.append(f"{node.full_label}: input element type "
                                  f"{pcoll.element_type} is not a key-value pair")
@@ -349,7 +349,10 @@ def dry_run(config: RunConfig, beam_args: Sequence[str], out_path: str) -> DryRu
                                "API; the job request is shown without replaceJobId and "
                                "transformNameMapping")
                 cloud.update, cloud.transform_name_mapping = False, None
-            job = p.run().job  # Beam's --dry_run: returns before any API client exists
+            # Beam's --dry_run: returns before any API client exists, a result carrying the
+            # job request as an attribute it sets
+            result: Any = p.run()
+            job = result.job
             proto = job.proto_pipeline  # what Dataflow would receive (after its overrides)
         pipeline_json = json.loads(json_format.MessageToJson(proto))
     _write_json(out_path, {

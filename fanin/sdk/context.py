@@ -104,7 +104,8 @@ class JoinContext:
         for name in ("join_id", "opened_at"):
             if name not in data:
                 raise ValueError(f"join context lacks field {name!r}")
-        return cls(**{name: data.get(name) for name in _FIELDS + _OPTIONAL_FIELDS})
+        fields: dict[str, Any] = {name: data.get(name) for name in _FIELDS + _OPTIONAL_FIELDS}
+        return cls(**fields)
 
     def to_json(self) -> str:
         """Compact JSON text of ``to_dict``."""

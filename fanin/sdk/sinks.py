@@ -240,7 +240,7 @@ class PubSubSink(Sink):
         self.ordering_by_join = ordering_by_join
         self._owned = publisher is None
         if publisher is None:
-            from google.cloud import pubsub_v1
+            import google.cloud.pubsub_v1 as pubsub_v1
 
             publisher = pubsub_v1.PublisherClient(
                 batch_settings=batch_settings or pubsub_v1.types.BatchSettings(

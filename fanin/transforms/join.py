@@ -24,8 +24,11 @@ state is cleared, the counter ``dead_letter.internal_error`` grows, and the run 
 
 from __future__ import annotations
 
+from typing import Any
+
 import apache_beam as beam
 from apache_beam import pvalue
+from apache_beam.pvalue import PCollection
 
 from fanin.contracts.catalog import Catalog
 from fanin.contracts.parsing import DEFAULT_MAX_BYTES
@@ -37,7 +40,7 @@ from fanin.transforms.join_streaming import JoinDoFn
 __all__ = ["DEFAULT_MAX_BYTES_PER_JOIN", "JoinDoFn", "JoinRecords"]
 
 
-class JoinRecords(beam.PTransform):
+class JoinRecords(beam.PTransform[PCollection[Any], pvalue.DoOutputsTuple]):
     """Keyed input -> ``closes`` (main), ``late``, ``dead_letter`` outputs.
 
     Streaming: ``(join_id, record)`` (``ParseMessages``). Bounded: ``(join_id, packed
@@ -63,12 +66,13 @@ class JoinRecords(beam.PTransform):
         self._log_closes = log_closes
         self._input_end_ms = input_end_ms
 
-    def expand(self, keyed: beam.PCollection) -> pvalue.DoOutputsTuple:
+    def expand(self, keyed: PCollection[Any]) -> pvalue.DoOutputsTuple:
         if self._streaming:
             return keyed | "StatefulJoin" >> beam.ParDo(
                 JoinDoFn(self._catalog, self._max_messages, max_bytes=self._max_bytes,
                          log_closes=self._log_closes, input_end_ms=self._input_end_ms)
-            ).with_input_types(tuple[str, tuple]).with_outputs(LATE, DEAD_LETTER, main=CLOSES)
+            ).with_input_types(tuple[str, tuple[Any, ...]]).with_outputs(
+                LATE, DEAD_LETTER, main=CLOSES)
         return (
             keyed
             | "GroupByJoin" >> beam.GroupByKey()

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from apache_beam.metrics import Metrics
+from apache_beam.metrics.metric import Metrics
 
 from fanin.contracts import records as R
 from fanin.contracts.catalog import Catalog

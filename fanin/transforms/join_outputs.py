@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 import apache_beam as beam
 from apache_beam import pvalue
-from apache_beam.metrics import Metrics
+from apache_beam.metrics.metric import Metrics
 
 from fanin.contracts import records as R
 from fanin.core.outcomes import CLOSES, DEAD_LETTER, log_close, rejected_outputs

@@ -26,7 +26,8 @@ from typing import Any
 
 import apache_beam as beam
 from apache_beam import pvalue
-from apache_beam.metrics import Metrics
+from apache_beam.metrics.metric import Metrics
+from apache_beam.pvalue import PCollection
 from apache_beam.transforms.window import GlobalWindows
 from apache_beam.utils.windowed_value import WindowedValue
 
@@ -40,7 +41,7 @@ _LOG = logging.getLogger(__name__)
 _PROGRESS_EVERY = 100_000
 
 
-def _dead_letter(dead: dict[str, Any] | None) -> pvalue.TaggedOutput:
+def _dead_letter(dead: dict[str, Any] | None) -> pvalue.TaggedOutput[str, dict[str, Any]]:
     """``parse_message``'s dead letter, counted, as the tagged output."""
     if dead is None:
         raise ValueError("parse_message returns a record or a dead letter")
@@ -197,10 +198,13 @@ class _KeyFn(_Reading):
             yield GlobalWindows.windowed_value(keyed)
 
 
-class ParseMessages(beam.PTransform):
+class ParseMessages(beam.PTransform[PCollection[Any], pvalue.DoOutputsTuple]):
     """``(data, source)`` -> main ``(join_id, record)`` + tagged ``dead_letter`` dicts."""
 
-    _step, _fn, _keyed = "Validate", _ParseFn, tuple[str, tuple]
+    # the step's label, its DoFn, and its main output's type (which gives the coder)
+    _step: str = "Validate"
+    _fn: type[_Reading] = _ParseFn
+    _keyed: Any = tuple[str, tuple[Any, ...]]
 
     def __init__(self, contract_names: frozenset[str], max_bytes: int = DEFAULT_MAX_BYTES) -> None:
         super().__init__()
@@ -209,7 +213,7 @@ class ParseMessages(beam.PTransform):
         self._contracts = frozenset(contract_names)
         self._max_bytes = max_bytes
 
-    def expand(self, pcoll: beam.PCollection) -> pvalue.DoOutputsTuple:
+    def expand(self, pcoll: PCollection[Any]) -> pvalue.DoOutputsTuple:
         return pcoll | self._step >> beam.ParDo(
             self._fn(self._contracts, self._max_bytes)
         ).with_output_types(self._keyed).with_outputs(DEAD_LETTER, main="records")

@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
+from apache_beam.pvalue import PBegin, PCollection
 
 from fanin.contracts.lines import message_lines
 from fanin.io.inputs import check_start, input_lines
@@ -53,7 +55,7 @@ def numbered_lines(path: str) -> Iterator[tuple[bytes, Source]]:
             yield line, (path, number)
 
 
-class ReadNumberedLines(beam.PTransform):
+class ReadNumberedLines(beam.PTransform[PBegin, PCollection[Any]]):
     """Bounded read of files -> ``(line_bytes, source)``; one element per non-empty line.
     A compressed file whose start cannot be decompressed raises ``UnreadableInput`` here, when
     the job is built (``check_start``); the replay's plan reads every line when it is built."""
@@ -66,7 +68,7 @@ class ReadNumberedLines(beam.PTransform):
             check_start(path)
         self._paths = list(paths)
 
-    def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection:
+    def expand(self, pbegin: PBegin) -> PCollection[Any]:
         return (
             pbegin
             | "Paths" >> beam.Create(self._paths)

@@ -49,6 +49,7 @@ from typing import Any
 import apache_beam as beam
 import orjson
 from apache_beam.coders import BytesCoder, StrUtf8Coder, TupleCoder, VarIntCoder
+from apache_beam.pvalue import PBegin, PCollection
 from apache_beam.testing.test_stream import TestStream
 from apache_beam.transforms.window import TimestampedValue
 from apache_beam.utils.timestamp import Timestamp
@@ -124,7 +125,8 @@ class _ExpandRuns(beam.DoFn):
         self._counts = counts
         self._token = token
 
-    def process(self, run: tuple[str, tuple[int, bytes]]) -> Iterator[TimestampedValue]:
+    def process(self, run: tuple[str, tuple[int, bytes]]
+                ) -> Iterator[TimestampedValue[tuple[bytes, Source]]]:
         path, (first, packed) = run
         lines = _file_lines(path, self._token)
         if len(lines) != self._counts[path]:
@@ -154,7 +156,7 @@ class _Events:
         self.since = 0  # lines since the watermark last moved
         self.due: set[str] = set()
         self._batch = batch
-        self._runs: list[tuple[str, int, array]] = []  # pending (path, first index, stamps)
+        self._runs: list[tuple[str, int, array[int]]] = []  # pending (path, first index, stamps)
 
     def add(self, path: str, index: int, stamp: int) -> None:
         """Line ``index`` of ``path`` with event time ``stamp``, after the pending ones."""
@@ -180,7 +182,7 @@ class _Events:
         self.watermark, self.since = ms, 0
 
 
-class Replay(beam.PTransform):
+class Replay(beam.PTransform[PBegin, PCollection[Any]]):
     """Files replayed as a stream of ``(line, source)`` (see the module's guarantees).
 
     ``lines``: ``(line, (path, number))`` in arrival order, as ``numbered_lines`` yields them
@@ -252,7 +254,7 @@ class Replay(beam.PTransform):
         out.barrier()
         return out.stream.advance_watermark_to_infinity().with_output_types(RUN_TYPE), end
 
-    def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection:
+    def expand(self, pbegin: PBegin) -> PCollection[Any]:
         return (pbegin
                 | "Stream" >> self._stream
                 | "Lines" >> beam.ParDo(_ExpandRuns(dict(self._counts), self._token))

@@ -45,6 +45,7 @@ from typing import Any, BinaryIO
 import apache_beam as beam
 from apache_beam.io.filesystem import BeamIOError
 from apache_beam.io.filesystems import FileSystems
+from apache_beam.pvalue import PCollection
 from apache_beam.transforms import trigger, window
 from apache_beam.transforms.window import GlobalWindows
 from apache_beam.utils.windowed_value import WindowedValue
@@ -260,7 +261,7 @@ def _encode(obj: dict[str, Any], shards: int) -> tuple[int, str]:
     return shard, encode_line(obj)
 
 
-class WriteOutput(beam.PTransform):
+class WriteOutput(beam.PTransform[Any, PCollection[Any]]):
     """Dicts (one PCollection, or a tuple of them written as one output) -> files in
     ``folder``; outputs the paths written.
 
@@ -306,8 +307,8 @@ class WriteOutput(beam.PTransform):
             return after_time
         return trigger.AfterAny(count, after_time)
 
-    def expand(self, pcolls: beam.PCollection | tuple[beam.PCollection, ...]
-               ) -> beam.PCollection:
+    def expand(self, pcolls: PCollection[Any] | tuple[PCollection[Any], ...]
+               ) -> PCollection[Any]:
         parts = pcolls if isinstance(pcolls, tuple) else (pcolls,)
         if not self._streaming:
             spills = tuple(
