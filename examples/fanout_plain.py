@@ -45,4 +45,7 @@ def main(path: str) -> None:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        print(f"usage: python {sys.argv[0]} OUT.jsonl", file=sys.stderr)
+        raise SystemExit(2)
     main(sys.argv[1])

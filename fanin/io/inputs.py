@@ -5,10 +5,12 @@ Guarantees:
   ...) and yields its lines as bytes, each with its line ending, in file order. A file whose
   name ends in ``.gz``, ``.bz2``, ``.deflate``, ``.zst``, ``.zstd``, ``.xz`` or ``.lzma`` is
   decompressed, as Beam's ``ReadFromText`` reads it; any other file is read as it is.
+- A file that cannot be opened (no permission, gone since it was listed) raises
+  ``UnreadableInput`` (a ``ValueError``) naming the file and the system's reason.
 - A compressed file that cannot be decompressed (not of its suffix's format, or corrupt part of
-  the way) raises ``UnreadableInput`` (a ``ValueError``) naming the file and the last line read
-  before it, never the codec's own error. ``check_start(path)`` reads the first line only, so a
-  run can refuse a file that is not of its suffix's format before it starts.
+  the way) raises ``UnreadableInput`` naming the file and the last line read before it, never
+  the codec's own error. ``check_start(path)`` opens the file and, when it is compressed, reads
+  its first line, so a run refuses a file it cannot read before it starts.
 - A compressed stream cut short ends where it was cut (the codec cannot tell), as with
   ``ReadFromText``: its last, partial line is a message like any other, which the parse
   dead-letters.
@@ -24,7 +26,7 @@ __all__ = ["UnreadableInput", "check_start", "input_lines"]
 
 
 class UnreadableInput(ValueError):
-    """A compressed input file that cannot be decompressed."""
+    """An input file that cannot be opened, or a compressed one that cannot be decompressed."""
 
 
 @contextmanager
@@ -32,20 +34,25 @@ def input_lines(path: str) -> Iterator[Iterator[bytes]]:
     """The lines of ``path`` (see the module docstring), while the file is open."""
     from apache_beam.io.filesystems import FileSystems
 
-    with FileSystems.open(path) as handle:
+    try:
+        handle = FileSystems.open(path)
+    except OSError as exc:  # PermissionError, FileNotFoundError, ... (Beam's BeamIOError too)
+        reason = exc.strerror or str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise UnreadableInput(f"input {path} cannot be read ({reason})") from exc
+    with handle:
         yield iter(handle) if isinstance(handle, Iterable) else _decompressed(path, handle)
 
 
 def check_start(path: str) -> None:
-    """Raise ``UnreadableInput`` when ``path`` is compressed and its first line cannot be
-    decompressed (a file that is not of its suffix's format), before a job reads it in full."""
+    """Raise ``UnreadableInput`` when ``path`` cannot be opened, or is compressed and its first
+    line cannot be decompressed (a file that is not of its suffix's format), before a job
+    reads it in full."""
     from apache_beam.io.filesystem import CompressionTypes
 
-    kind = CompressionTypes.detect_compression_type(path)
-    if kind == CompressionTypes.UNCOMPRESSED:
-        return
+    compressed = CompressionTypes.detect_compression_type(path) != CompressionTypes.UNCOMPRESSED
     with input_lines(path) as lines:
-        next(lines, None)
+        if compressed:
+            next(lines, None)
 
 
 def _decompressed(path: str, handle: Any) -> Iterator[bytes]:

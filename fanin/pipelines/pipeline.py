@@ -300,8 +300,9 @@ def _prepare_output(output: str, overwrite: bool, inputs: Sequence[str] = (),
     (``--overwrite`` deletes them), except for a run that ``continues`` earlier ones (a
     subscription's next run: its files, named with its own job token, join theirs, whose
     messages were acknowledged and cannot be read again); refuse (``ConfigError``) a path that
-    is a file where a folder must be, any folder that cannot be created, or ``--overwrite`` of a
-    folder that holds one of the run's ``inputs`` (it would delete the input before reading it):
+    is a file where a folder must be, any folder that cannot be created or written in, or
+    ``--overwrite`` of a folder that holds one of the run's ``inputs`` (it would delete the
+    input before reading it) or that this user cannot empty (a folder in it not writable):
     nothing is deleted then."""
     for kind in (CLOSES, LATE, DEAD_LETTER):
         folder = os.path.realpath(os.path.join(output, kind))
@@ -310,8 +311,26 @@ def _prepare_output(output: str, overwrite: bool, inputs: Sequence[str] = (),
                     os.path.commonpath([folder, os.path.realpath(path)]) == folder:
                 raise ConfigError(f"--input {path} is in {os.path.join(output, kind)}, which "
                                   "this run replaces with its outputs; move it out first")
-    for kind in (CLOSES, LATE, DEAD_LETTER):
-        folder = os.path.join(output, kind)
+    folders = [os.path.join(output, kind) for kind in (CLOSES, LATE, DEAD_LETTER)]
+    replaced = _checked_folders(output, folders, overwrite, continues)
+    for folder in folders:
+        try:
+            if folder in replaced:
+                shutil.rmtree(folder)
+            os.makedirs(folder, exist_ok=True)
+        except OSError as exc:  # e.g. a read-only file system
+            raise ConfigError(f"--output: cannot {'replace' if folder in replaced else 'create'} "
+                              f"{folder}: {exc.strerror or exc}") from None
+        if not _writable(folder):  # created, but not for us to write in (umask)
+            raise ConfigError(f"--output: cannot write in {folder}: permission denied")
+
+
+def _checked_folders(output: str, folders: list[str], overwrite: bool, continues: bool
+                     ) -> list[str]:
+    """The output ``folders`` this run deletes first (``_prepare_output``), after every check
+    passed: a refusal (``ConfigError``) deletes nothing."""
+    replaced = []
+    for folder in folders:
         for path in (output, folder):
             if os.path.exists(path) and not os.path.isdir(path):
                 raise ConfigError(f"--output: {path} is a file, not a folder")
@@ -319,12 +338,19 @@ def _prepare_output(output: str, overwrite: bool, inputs: Sequence[str] = (),
             if not overwrite:
                 raise ConfigError(f"{output} already holds outputs; pass --overwrite to "
                                   "replace them")
-            shutil.rmtree(folder)
-        try:
-            os.makedirs(folder, exist_ok=True)
-        except OSError as exc:
-            raise ConfigError(f"--output: cannot create {folder}: {exc.strerror or exc}") \
-                from None
+            for parent, _, _ in os.walk(folder):  # deleting a file needs its folder writable
+                if not _writable(parent):
+                    raise ConfigError(f"--overwrite: cannot delete the files in {parent}: "
+                                      "permission denied")
+            replaced.append(folder)
+        elif os.path.isdir(folder) and not _writable(folder):
+            raise ConfigError(f"--output: cannot write in {folder}: permission denied")
+    return replaced
+
+
+def _writable(folder: str) -> bool:
+    """This process may create and delete files in ``folder``."""
+    return os.access(folder, os.W_OK | os.X_OK)
 
 
 _FANIN_PROJECT = re.compile(r'^name\s*=\s*"fanin"\s*$', re.MULTILINE)

@@ -4,6 +4,7 @@ run. Each is a dead letter, a conflict, or one line on stderr with exit code 2."
 from __future__ import annotations
 
 import json
+import os
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -150,3 +151,63 @@ def test_an_output_path_that_is_a_file_is_one_line(tmp_path: Path, case: str,
     extra = ["--overwrite"] if case.endswith("overwrite") else []
     assert main(["run", "--input", str(traffic), "--output", str(out), *extra]) == 2
     assert "is a file, not a folder" in _one_error_line(capsys, "fanin: error: ")
+
+
+def _denied_to_this_user(monkeypatch: pytest.MonkeyPatch, *denied: Path) -> None:
+    """Permissions as an unprivileged user sees them (the suite may run as root, whom mode
+    bits do not stop): ``denied`` paths cannot be opened, nor written or emptied as folders.
+    The paths are also made read-only for real."""
+    from apache_beam.io.filesystems import FileSystems
+
+    names = {str(path) for path in denied}
+    access, open_file = os.access, FileSystems.open
+
+    def checked_access(path: Any, mode: int, **kwargs: Any) -> bool:
+        return False if str(path) in names and mode & os.W_OK else access(path, mode, **kwargs)
+
+    def checked_open(path: str, *args: Any, **kwargs: Any) -> Any:
+        if path in names:
+            raise PermissionError(13, "Permission denied", path)
+        return open_file(path, *args, **kwargs)
+
+    for path in denied:
+        path.chmod(0o500 if path.is_dir() else 0)
+    monkeypatch.setattr(os, "access", checked_access)
+    monkeypatch.setattr(FileSystems, "open", checked_open)
+
+
+@pytest.mark.parametrize("mode", [[], ["--replay"]], ids=["bounded", "replay"])
+def test_an_input_this_user_cannot_read_is_one_line(
+        tmp_path: Path, mode: list[str], monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    readable = write_lines(tmp_path / "a.jsonl", [_open("j", required=["a"])])
+    for name in ("b.jsonl", "b.jsonl.gz"):
+        locked = write_lines(tmp_path / name, [_receipt("j", "a")])
+        _denied_to_this_user(monkeypatch, locked)
+        capsys.readouterr()
+        assert main(["run", "--input", str(readable), "--input", str(locked), "--output",
+                     str(tmp_path / "out"), "--overwrite", *mode]) == 2
+        assert _one_error_line(capsys, "fanin: error: ") == \
+            f"fanin: error: input {locked} cannot be read (Permission denied)"
+        assert not (tmp_path / "out").exists()  # refused before anything was written
+
+
+@pytest.mark.parametrize("overwrite", [True, False], ids=["overwrite", "fresh_folders"])
+def test_output_folders_this_user_cannot_write_are_one_line_and_nothing_is_deleted(
+        tmp_path: Path, overwrite: bool, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    traffic = write_lines(tmp_path / "in.jsonl", [_open("j", required=["a"]),
+                                                  _receipt("j", "a")])
+    out = tmp_path / "out"
+    earlier = {}
+    for kind in KINDS:  # an earlier run's files, or empty folders made beforehand
+        (out / kind).mkdir(parents=True)
+        if overwrite:
+            earlier[kind] = write_lines(out / kind / f"{kind}-all-p0000-s000.jsonl", ["{}"])
+    _denied_to_this_user(monkeypatch, out / "late")
+    assert main(["run", "--input", str(traffic), "--output", str(out),
+                 *(["--overwrite"] if overwrite else [])]) == 2
+    reason = (f"--overwrite: cannot delete the files in {out / 'late'}" if overwrite
+              else f"--output: cannot write in {out / 'late'}")
+    assert _one_error_line(capsys, "fanin: error: ") == f"fanin: error: {reason}: permission denied"
+    assert all(path.read_text() == "{}\n" for path in earlier.values())  # closes/ kept too
