@@ -92,8 +92,9 @@ def _add_run(subparsers: argparse._SubParsersAction[_Parser]) -> None:
                         help="most bytes of messages a join holds (default 16 MiB, under "
                         "Dataflow's element and commit limits); further ones are dead letters")
     limits.add_argument("--window-s", type=float, default=60.0,
-                        help="streaming: longest wait (processing time, whole seconds, at "
-                        "most 86400) before pending outputs are written to a file")
+                        help="Pub/Sub runs: longest wait (processing time, whole seconds, at "
+                        "most 86400) before pending outputs are written to a file (a replay "
+                        "writes every 10,000 lines instead)")
     limits.add_argument("--shards", type=int, default=1,
                         help="files per output (bounded), per write (streaming); 1 to 1000")
     run.add_argument("--log-closes", action="store_true",
