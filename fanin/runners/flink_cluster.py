@@ -144,7 +144,8 @@ def _write_config(cluster: Cluster, home: str) -> None:
 
 
 def start(cluster: Cluster, timeout_s: float = 90.0, say: Any = print) -> Cluster:
-    """Start (or repair) the cluster; returns once a TaskManager is registered."""
+    """Start (or repair) the cluster; returns once a TaskManager is registered with its slots
+    (Flink lists it a moment before its slots)."""
     from fanin.runners.toolchain import flink_home
 
     home = flink_home()
@@ -173,7 +174,7 @@ def start(cluster: Cluster, timeout_s: float = 90.0, say: Any = print) -> Cluste
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         view = cluster.overview()
-        if view and view.get("taskmanagers", 0) >= 1:
+        if view and view.get("taskmanagers", 0) >= 1 and view.get("slots-total", 0) >= 1:
             say(f"flink-cluster: ready (Flink {view.get('flink-version')}, "
                 f"{view.get('slots-total')} slots); submit with: "
                 f"fanin run ... {' '.join(cluster.run_options())}")

@@ -153,6 +153,7 @@ class _Events:
     def __init__(self, batch: int) -> None:
         self.stream = TestStream(coder=RUN_CODER)
         self.watermark: int | None = None  # milliseconds
+        self.events = 0  # events planned (of lines, and watermark moves)
         self.since = 0  # lines since the watermark last moved
         self.due: set[str] = set()
         self._batch = batch
@@ -174,12 +175,14 @@ class _Events:
                 TimestampedValue((path, (first, stamps.tobytes())), _stamp(min(stamps)))
                 for path, first, stamps in self._runs])
             self._runs.clear()
+            self.events += 1
         self.due.clear()
 
     def advance(self, ms: int) -> None:
         self.barrier()
         self.stream.advance_watermark_to(_stamp(ms))
         self.watermark, self.since = ms, 0
+        self.events += 1
 
 
 class Replay(beam.PTransform[PBegin, PCollection[Any]]):
@@ -203,12 +206,19 @@ class Replay(beam.PTransform[PBegin, PCollection[Any]]):
         super().__init__()
         self._counts: dict[str, int] = {}
         self._token = uuid.uuid4().hex
-        self._stream, self.end_ms = self._plan(lines, int(max_disorder_s * 1000), horizon_ms,
-                                               retention_floor_ms, batch)
-        """The last watermark before the jump to +infinity that ends the stream."""
+        self.behind = 0
+        """Lines whose event time is behind the watermark when they arrive."""
+        self.largest_lag_ms = 0
+        """How far the latest event time before a line is ahead of it, at most (its disorder)."""
+        self._stream, self.end_ms, self.events = self._plan(
+            lines, int(max_disorder_s * 1000), horizon_ms, retention_floor_ms, batch)
+        """The last watermark before the jump to +infinity that ends the stream, and the
+        stream's events before it (each costs the local runner a round of bundles through
+        every step, longer the more joins it holds; lines that lag more than
+        ``max_disorder_s`` make an event each, nearly)."""
 
     def _plan(self, lines: Iterable[tuple[bytes, Source]], lag: int, horizon_ms: int,
-              retention_floor_ms: int, batch: int) -> tuple[TestStream, int]:
+              retention_floor_ms: int, batch: int) -> tuple[TestStream, int, int]:
         out = _Events(batch)
         counts = self._counts
         max_seen: int | None = None
@@ -241,9 +251,12 @@ class Replay(beam.PTransform[PBegin, PCollection[Any]]):
                 out.watermark if out.watermark is not None else max_seen or 0))
             if join_id is not None and times:
                 earliest[join_id] = min(earliest.get(join_id, min(times)), *times)
-            if join_id is not None and t is not None and out.watermark is not None \
-                    and t < out.watermark:
-                out.due.add(join_id)  # behind the watermark: it may decide its join at once
+            if t is not None and max_seen is not None:
+                self.largest_lag_ms = max(self.largest_lag_ms, max_seen - t)
+            if t is not None and out.watermark is not None and t < out.watermark:
+                self.behind += 1
+                if join_id is not None:
+                    out.due.add(join_id)  # behind the watermark: it may decide its join at once
         # deadlines are capped at the end of year 9999 (MAX_MS), so no decision timer is later
         # than MAX_MS + 1 (a horizon of a huge deadline_s would pass Beam's largest timestamp)
         final = min(min(max(max_seen or 0, latest) + longest, MAX_MS) + horizon_ms + 1,
@@ -252,7 +265,8 @@ class Replay(beam.PTransform[PBegin, PCollection[Any]]):
         if out.watermark is None or end > out.watermark:
             out.advance(end)
         out.barrier()
-        return out.stream.advance_watermark_to_infinity().with_output_types(RUN_TYPE), end
+        return (out.stream.advance_watermark_to_infinity().with_output_types(RUN_TYPE), end,
+                out.events)
 
     def expand(self, pbegin: PBegin) -> PCollection[Any]:
         return (pbegin

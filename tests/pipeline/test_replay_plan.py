@@ -233,3 +233,37 @@ def test_a_tombstone_outliving_the_input_has_no_timer_and_still_makes_lines_late
     assert _expiries(100) == (0, ["j"], ["j"])  # tombstone ends at 3,610 s
     assert _expiries(4000) == (1, ["j"], ["j"])
     assert _expiries(None) == (1, ["j"], ["j"])  # no end known (Pub/Sub): always a timer
+
+
+def test_the_plan_counts_its_events_and_the_lines_behind_the_watermark(tmp_path: Path) -> None:
+    # an open every 100 s, then the previous join's receipt, 30 s behind it
+    lines = [_open("j0", 0)] + [line for i in range(1, 6) for line in
+                                (_open(f"j{i}", 100 * i), _receipt(f"j{i - 1}", 100 * i - 30))]
+    path = write_lines(tmp_path / "in.jsonl", lines)
+    lagging = Replay(numbered_lines(str(path)), 10.0, DAY_MS, retention_floor_ms=DAY_MS)
+    assert (lagging.behind, lagging.largest_lag_ms) == (5, 30_000)
+    assert lagging.events == len(lagging._stream._events) - 1 > 5  # all but the jump to +inf
+    covered = Replay(numbered_lines(str(path)), 30.0, DAY_MS, retention_floor_ms=DAY_MS)
+    assert (covered.behind, covered.largest_lag_ms) == (0, 30_000)
+    assert covered.events == len(covered._stream._events) - 1 == 2  # the lines, the end
+
+
+def test_a_replay_of_many_events_warns_and_names_the_disorder_that_covers_it(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from fanin.pipelines.pipeline import replay_of
+
+    lines = [line for i in range(1, 1_200) for line in
+             (_open(f"j{i}", 2 * i), _receipt(f"j{i}", 2 * i - 7.5))]  # each 7.5 s behind
+    path = write_lines(tmp_path / "in.jsonl", lines)
+    catalog = make_catalog()
+    with caplog.at_level("WARNING", logger="fanin"):
+        slow = replay_of(numbered_lines(str(path)), catalog, 5.0)
+    assert slow.events > 1_000
+    (warning,) = [r.getMessage() for r in caplog.records if "--replay" in r.getMessage()]
+    assert warning.startswith(f"fanin: --replay: {slow.behind} lines lag the file's latest "
+                              "event time by more than --max-disorder-s 5 (by up to 8 s)")
+    assert warning.endswith("--max-disorder-s 8 covers this file's disorder")
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="fanin"):
+        fast = replay_of(numbered_lines(str(path)), catalog, 8.0)
+    assert fast.behind == 0 and fast.events == 2 and not caplog.records
