@@ -14,10 +14,18 @@ Guarantees:
   form, ``repr``; an integer of any size as it is), as JSON Schema defines it: ``19.99`` is a
   multiple of ``0.01`` and ``0.3`` of ``0.1`` (jsonschema's float division says neither), an
   integer of hundreds of digits is checked like any other, and the check never raises.
+- Regular expressions (``pattern``, ``patternProperties``, and the latter where
+  ``additionalProperties`` uses it) run on RE2, in time linear in the value: no value stalls a
+  check (Python's backtracking ``re`` takes time exponential in 40 characters of
+  ``"aaa...!"`` against ``^(a+)+$``). RE2's classes are ASCII (``\\d`` is ``[0-9]``), as
+  ECMA-262's, the dialect JSON Schema names. ``check_schema`` refuses a pattern RE2 cannot
+  run (lookarounds, backreferences; one line with RE2's reason), and ``unevaluatedProperties``
+  in a schema with ``patternProperties``, whose check would match names with ``re``.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from decimal import Decimal
 from fractions import Fraction
@@ -25,6 +33,7 @@ from typing import Any
 from urllib.parse import urljoin
 
 import jsonschema
+import re2
 from jsonschema import validators
 from jsonschema_specifications import REGISTRY as SPECIFICATIONS
 from referencing import Registry, Resource
@@ -36,6 +45,9 @@ __all__ = ["check_schema", "first_error", "validator_for"]
 _BASE = jsonschema.Draft202012Validator
 _REF_KEYS = ("$ref", "$dynamicRef")
 _DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples"})  # values, not schemas
+# maps from names (of properties, patterns, definitions) to subschemas
+_NAMED_SCHEMAS = frozenset({"properties", "patternProperties", "$defs", "definitions",
+                            "dependentSchemas"})
 
 
 def _refuse(uri: str) -> Resource:
@@ -53,7 +65,62 @@ def _multiple_of(validator: Any, divisor: Any, instance: Any, schema: Any) -> It
         yield jsonschema.ValidationError(f"{instance!r} is not a multiple of {divisor!r}")
 
 
-_Validator = validators.extend(_BASE, {"multipleOf": _multiple_of})
+_RE2_OPTIONS = re2.Options()
+_RE2_OPTIONS.log_errors = False  # a pattern it refuses is reported once, by check_schema
+
+
+@functools.lru_cache(maxsize=4096)
+def _regex(pattern: str) -> Any:
+    """``pattern`` compiled by RE2 (``re2.error`` if it cannot run it)."""
+    return re2.compile(pattern, _RE2_OPTIONS)
+
+
+def _matches(pattern: str, text: str) -> bool:
+    return _regex(pattern).search(text) is not None
+
+
+def _pattern(validator: Any, pattern: str, instance: Any, schema: Any) -> Iterator[Any]:
+    if validator.is_type(instance, "string") and not _matches(pattern, instance):
+        yield jsonschema.ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
+def _pattern_properties(validator: Any, patterns: dict[str, Any], instance: Any,
+                        schema: Any) -> Iterator[Any]:
+    if not validator.is_type(instance, "object"):
+        return
+    for pattern, subschema in patterns.items():
+        for name, value in instance.items():
+            if _matches(pattern, name):
+                yield from validator.descend(value, subschema, path=name, schema_path=pattern)
+
+
+def _additional_properties(validator: Any, extra: Any, instance: Any,
+                           schema: dict[str, Any]) -> Iterator[Any]:
+    """jsonschema's ``additionalProperties``, its ``patternProperties`` matched by RE2."""
+    if not validator.is_type(instance, "object"):
+        return
+    named, patterns = schema.get("properties", {}), list(schema.get("patternProperties", {}))
+    extras = [name for name in instance
+              if name not in named and not any(_matches(p, name) for p in patterns)]
+    if validator.is_type(extra, "object"):
+        for name in extras:
+            yield from validator.descend(instance[name], extra, path=name)
+    elif not extra and extras:
+        names = ", ".join(repr(name) for name in sorted(extras))
+        if patterns:
+            verb = "does" if len(extras) == 1 else "do"
+            regexes = ", ".join(repr(p) for p in sorted(patterns))
+            yield jsonschema.ValidationError(
+                f"{names} {verb} not match any of the regexes: {regexes}")
+        else:
+            verb = "was" if len(extras) == 1 else "were"
+            yield jsonschema.ValidationError(
+                f"Additional properties are not allowed ({names} {verb} unexpected)")
+
+
+_Validator = validators.extend(_BASE, {
+    "multipleOf": _multiple_of, "pattern": _pattern, "patternProperties": _pattern_properties,
+    "additionalProperties": _additional_properties})
 
 
 def _registry(schema: Any) -> tuple[Registry, str]:
@@ -101,11 +168,60 @@ def check_schema(schema: Any) -> None:
         except Unresolvable:
             raise ValueError(f"$ref {ref!r} does not resolve within the schema (remote "
                              "references are not fetched)") from None
+    _check_regexes(schema)
     validator = validator_for(schema)
     for probe in _PROBES:  # a $ref cycle that consumes nothing of the value never ends
         if _errors(validator, probe) is _ENDLESS:
             raise ValueError(f"the schema refers to itself without end on {probe!r} "
                              "(a $ref cycle)")
+
+
+def _check_regexes(schema: Any) -> None:
+    """Every regular expression of ``schema`` runs on RE2 (see the module docstring)."""
+    keywords = set(_keywords(schema))
+    if "unevaluatedProperties" in keywords and "patternProperties" in keywords:
+        raise ValueError("unevaluatedProperties with patternProperties is not supported (its "
+                         "check would match names with a backtracking regular expression)")
+    for pattern in _patterns(schema):
+        try:
+            _regex(pattern)
+        except re2.error as exc:
+            reason = exc.args[0].decode() if exc.args and isinstance(exc.args[0], bytes) \
+                else str(exc)
+            raise ValueError(f"pattern {pattern[:100]!r} cannot be checked in linear time "
+                             f"(RE2: {reason}; lookarounds and backreferences are not "
+                             "supported)") from None
+
+
+def _keywords(node: Any) -> Iterator[str]:
+    """Every keyword used in ``node`` and its subschemas (not inside data keywords, and not
+    the names of the maps that name subschemas)."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield key
+            if key in _NAMED_SCHEMAS and isinstance(value, dict):
+                for subschema in value.values():
+                    yield from _keywords(subschema)
+            elif key not in _DATA_KEYWORDS:
+                yield from _keywords(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _keywords(item)
+
+
+def _patterns(node: Any) -> Iterator[str]:
+    """The values of ``pattern`` and the names of ``patternProperties`` in ``node``."""
+    if isinstance(node, dict):
+        if isinstance(node.get("pattern"), str):
+            yield node["pattern"]
+        if isinstance(node.get("patternProperties"), dict):
+            yield from node["patternProperties"]
+        for key, value in node.items():
+            if key not in _DATA_KEYWORDS:
+                yield from _patterns(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _patterns(item)
 
 
 _PROBES: tuple[Any, ...] = (None, True, 0, 0.5, "", [], {})

@@ -62,6 +62,36 @@ def test_multiple_of_is_exact_on_decimal_values_of_any_size(tmp_path: Path,
 
 
 @pytest.mark.parametrize("mode", [[], ["--replay"]], ids=["bounded", "replay"])
+def test_a_value_against_a_backtracking_pattern_is_a_violation_not_a_stall(
+        tmp_path: Path, mode: list[str]) -> None:
+    """40 characters against ``^(a+)+$`` took Python's re about 2**40 steps: the run never
+    ended. Patterns run on RE2 (docs/spec.md §6)."""
+    contracts = tmp_path / "contracts.yaml"
+    contracts.write_text("contracts:\n  - name: c\n    required: [a]\n    schemas:\n"
+                         "      a: {type: string, pattern: '^(a+)+$'}\n")
+    lines = [_open("slow", contract="c"),
+             _receipt("slow", "a", json.dumps("a" * 40 + "!"), key="a"),
+             _open("fine", contract="c"), _receipt("fine", "a", json.dumps("a" * 40), key="a")]
+    found = run_cli(lines, tmp_path, "--contracts", str(contracts), *mode)
+    reasons = {c["join_id"]: (c["reason"], [k["kind"] for k in c["conflicts"]])
+               for c in found["closes"]}
+    assert reasons == {"slow": ("timeout", ["schema_violation"]), "fine": ("complete", [])}
+    assert accounted(found) == messages(lines)
+
+
+def test_a_pattern_that_cannot_run_in_linear_time_is_refused_in_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    contracts = tmp_path / "contracts.yaml"
+    contracts.write_text("contracts:\n  - name: c\n    schemas:\n"
+                         "      a: {pattern: '^(?=x)'}\n")
+    traffic = write_lines(tmp_path / "in.jsonl", [_open("j", required=["a"])])
+    assert main(["run", "--input", str(traffic), "--contracts", str(contracts), "--output",
+                 str(tmp_path / "out")]) == 2
+    line = _one_error_line(capsys, "fanin: error: ")
+    assert str(contracts) in line and "cannot be checked in linear time" in line, line
+
+
+@pytest.mark.parametrize("mode", [[], ["--replay"]], ids=["bounded", "replay"])
 def test_a_deadline_beyond_year_9999_closes_at_the_cap(tmp_path: Path, mode: list[str]) -> None:
     """deadline_s 1e13 (default and open): D is capped at the end of year 9999, where the
     join times out; the replay's last watermark stays within Beam's timestamps (it raised

@@ -1,0 +1,89 @@
+"""Regular expressions of contract schemas (``fanin.contracts.schemas``) run on RE2: no value
+stalls a check, patterns RE2 cannot run are refused when the contracts load, and every other
+error is jsonschema's own."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jsonschema
+import pytest
+
+from fanin.contracts.schemas import check_schema, first_error, validator_for
+
+BACKTRACKS = "^(a+)+$"
+STALLS = "a" * 40 + "!"  # about 2**40 steps for Python's backtracking re against BACKTRACKS
+
+
+def test_a_backtracking_pattern_checks_any_value_in_linear_time() -> None:
+    validator = validator_for({"type": "string", "pattern": BACKTRACKS})
+    assert first_error(validator, STALLS) == f"{STALLS!r} does not match {BACKTRACKS!r}"
+    assert first_error(validator, "a" * 40) is None
+    names = validator_for({"type": "object", "propertyNames": {"pattern": BACKTRACKS}})
+    assert first_error(names, {STALLS: 1}) == f"{STALLS!r} does not match {BACKTRACKS!r}"
+
+
+def test_property_names_are_matched_in_linear_time() -> None:
+    validator = validator_for({"type": "object", "additionalProperties": False,
+                               "patternProperties": {BACKTRACKS: {"type": "integer"}}})
+    assert first_error(validator, {"a" * 40: 1}) is None
+    assert first_error(validator, {"a" * 40: "x"}) == "'x' is not of type 'integer'"
+    assert first_error(validator, {STALLS: 1}) == \
+        f"{STALLS!r} does not match any of the regexes: {BACKTRACKS!r}"
+
+
+ORDINARY: list[tuple[dict[str, Any], Any]] = [
+    ({"pattern": "^[a-z]+-[0-9]{2}$"}, "abc-12"),
+    ({"pattern": "^[a-z]+-[0-9]{2}$"}, "abc-123"),
+    ({"pattern": "b"}, "abc"),  # a search, not a full match
+    ({"pattern": "x"}, 12),  # not a string: not checked
+    ({"properties": {"a": {"type": "integer"}}, "additionalProperties": False},
+     {"a": 1, "z": 2, "y": 3}),
+    ({"properties": {"a": {}}, "additionalProperties": {"type": "string"}}, {"a": 1, "b": 2}),
+    ({"patternProperties": {"^x": {"minimum": 3}, "y$": {"type": "string"}}},
+     {"x1": 5, "ay": "s", "xy": "s"}),
+    ({"patternProperties": {"^x": {"minimum": 3}}}, {"x1": 1}),
+    ({"patternProperties": {"^x": {}}, "additionalProperties": False}, {"x1": 1, "b": 2}),
+    ({"patternProperties": {"^x": {}}, "additionalProperties": False}, {"x1": 1, "b": 2, "c": 3}),
+    ({"patternProperties": {"^x": {}}, "additionalProperties": False}, {"x1": 1}),
+]
+
+
+@pytest.mark.parametrize(("schema", "value"), ORDINARY)
+def test_errors_are_jsonschemas_on_ordinary_patterns(schema: dict[str, Any], value: Any) -> None:
+    theirs = next(iter(jsonschema.Draft202012Validator(schema).iter_errors(value)), None)
+    assert first_error(validator_for(schema), value) == \
+        (None if theirs is None else theirs.message)
+
+
+@pytest.mark.parametrize("pattern", ["^(?=a)b", "(?<!a)b", r"(a)\1", "(?P<x>a)(?P=x)"])
+@pytest.mark.parametrize("where", ["pattern", "patternProperties", "propertyNames"])
+def test_a_pattern_re2_cannot_run_is_refused_when_the_schema_loads(pattern: str,
+                                                                   where: str) -> None:
+    schema: dict[str, Any] = {
+        "pattern": {"pattern": pattern},
+        "patternProperties": {"patternProperties": {pattern: {}}},
+        "propertyNames": {"$defs": {"n": {"pattern": pattern}},
+                          "propertyNames": {"$ref": "#/$defs/n"}}}[where]
+    with pytest.raises(ValueError) as refused:
+        check_schema(schema)
+    assert str(refused.value).startswith(f"pattern {pattern!r} cannot be checked in linear "
+                                         "time (RE2: ")
+    assert "\n" not in str(refused.value)
+
+
+def test_unevaluated_properties_with_pattern_properties_is_refused() -> None:
+    with pytest.raises(ValueError, match="unevaluatedProperties with patternProperties"):
+        check_schema({"allOf": [{"patternProperties": {"^x": {}}}],
+                      "unevaluatedProperties": False})
+    check_schema({"unevaluatedProperties": False, "properties": {"x": {}}})  # either alone
+    check_schema({"patternProperties": {"^x": {}},  # a property of that name is no keyword
+                  "properties": {"unevaluatedProperties": {"type": "string"}}})
+
+
+def test_classes_and_anchors_are_ecma_262s() -> None:
+    digits = validator_for({"pattern": r"^\d+$"})
+    assert first_error(digits, "123") is None
+    assert first_error(digits, "\u0663") is not None  # ARABIC-INDIC DIGIT THREE: not \d
+    end = validator_for({"pattern": "^a$"})
+    assert first_error(end, "a\n") is not None  # $ is the end, not before a final newline
