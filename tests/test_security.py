@@ -61,6 +61,32 @@ def test_contracts_file_with_plain_yaml_still_loads() -> None:
     assert "triage" in load_contracts(CONTRACTS_PATH)  # the refusals above are not blanket
 
 
+def _alias_bomb(levels: int, where: str) -> str:
+    """A few hundred bytes that YAML's aliases expand to 10**levels strings (``where``: the
+    schema keyword that holds the last alias)."""
+    lines = ["contracts:", "  - name: x", "    required: [a]", "    schemas:",
+             "      a:", "        examples:", '          - &l0 ["lol"]']
+    lines += [f"          - &l{i} [{', '.join([f'*l{i - 1}'] * 10)}]"
+              for i in range(1, levels + 1)]
+    lines.append(f"        {where}: *l{levels}")
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("where", ["enum", "required"])  # a valid schema, and an invalid one
+def test_contracts_file_of_nested_aliases_is_refused_in_one_line(where: str) -> None:
+    with pytest.raises(ContractsError) as refused:
+        parse_contracts(_alias_bomb(7, where), "bomb.yaml")  # 10**7 strings from 800 bytes
+    assert str(refused.value) == ("bomb.yaml: its YAML aliases expand it to more than 100,000 "
+                                  "values (an alias repeats what it names)")
+    assert parse_contracts(_alias_bomb(2, "enum"))["x"].schemas  # a few aliases are fine
+
+
+def test_an_integer_beyond_4300_digits_in_a_contracts_file_is_named_as_such() -> None:
+    with pytest.raises(ContractsError) as refused:
+        parse_contracts(f"contracts:\n  - name: x\n    deadline_s: {'9' * 5000}\n", "big.yaml")
+    assert str(refused.value) == "big.yaml: not valid YAML: an integer of more than 4,300 digits"
+
+
 # ----------------------------------------------------------------------------- source scan
 RUFF = Path(sys.executable).with_name("ruff")
 

@@ -260,9 +260,35 @@ def _load_document(text: str, origin: str) -> Any:
         raise ContractsError(f"{origin}: not valid YAML: {exc}".replace("\n", " ")) from None
     except RecursionError:
         raise ContractsError(f"{origin}: nested too deeply") from None
+    except ValueError as exc:  # YAML's int() of a number of more than 4,300 digits
+        reason = ("an integer of more than 4,300 digits" if "digits" in str(exc)
+                  else str(exc).splitlines()[0])
+        raise ContractsError(f"{origin}: not valid YAML: {reason}") from None
     if problem:
         raise ContractsError(f"{origin}: not JSON: {problem}")
+    expanded = _size(document, _MAX_EXPANDED, shared=True)
+    if expanded > _MAX_EXPANDED and _size(document, _MAX_EXPANDED, shared=False) * 10 < expanded:
+        raise ContractsError(f"{origin}: its YAML aliases expand it to more than "
+                             f"{_MAX_EXPANDED:,} values (an alias repeats what it names)")
     return document
+
+
+# A contracts file whose aliases make it this many values, and ten times the values it writes
+# out, is refused: a file of 600 bytes with nested aliases expanded to 10**6 values and more
+_MAX_EXPANDED = 100_000
+
+
+def _size(value: Any, limit: int, shared: bool) -> int:
+    """How many values (containers and scalars) ``value`` holds, counted up to ``limit`` + 1;
+    with ``shared``, a container YAML shares by alias counts each time it appears."""
+    count, stack, seen = 0, [value], set()
+    while stack and count <= limit:
+        item = stack.pop()
+        count += 1
+        if isinstance(item, (dict, list)) and (shared or id(item) not in seen):
+            seen.add(id(item))
+            stack.extend(item.values() if isinstance(item, dict) else item)
+    return count
 
 
 def parse_contracts(text: str, origin: str = "<contracts>") -> dict[str, Contract]:

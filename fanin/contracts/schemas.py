@@ -159,7 +159,8 @@ def check_schema(schema: Any) -> None:
     try:
         _BASE.check_schema(schema)
     except jsonschema.SchemaError as exc:
-        raise ValueError(f"not a valid JSON Schema: {exc.message}") from None
+        message = exc.message if len(exc.message) <= 300 else f"{exc.message[:300]}..."
+        raise ValueError(f"not a valid JSON Schema: {message}") from None
     registry, base = _registry(schema)
     resolver = registry.resolver(base)
     for ref in _refs(schema, base):
