@@ -67,8 +67,9 @@ def _decompressed(path: str, handle: Any) -> Iterator[bytes]:
             if type(exc).__module__ != "builtins":
                 kind = f"{type(exc).__module__}.{kind}"
             detail = str(exc).splitlines()[0] if str(exc) else ""
+            whole = "; its first 16 MiB of compressed data are read at once" if read == 0 else ""
             raise UnreadableInput(f"input {path} cannot be decompressed {where} "
-                                  f"({kind}: {detail})") from exc
+                                  f"({kind}: {detail}){whole}") from exc
         if not line:
             return
         read += 1

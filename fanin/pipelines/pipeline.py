@@ -28,6 +28,7 @@ from typing import Any
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import (
+    DirectOptions,
     GoogleCloudOptions,
     PipelineOptions,
     SetupOptions,
@@ -514,6 +515,9 @@ def run_pipeline(config: RunConfig, beam_args: Sequence[str],
     options = configure_options(config, beam_args)
     runner = options.view_as(StandardOptions).runner
     _check_bigquery_options(config, options)
+    if (options.view_as(DirectOptions).direct_num_workers or 0) < 0:
+        raise ConfigError("--direct_num_workers must be 1 or more (0: as many as the machine "
+                          "has cores)")
     if config.streaming and not runner.endswith("DataflowRunner"):
         if config.id_label:  # offline, so before asking Pub/Sub
             raise ConfigError(f"--id-label needs the Dataflow runner; {runner} does not "

@@ -99,5 +99,11 @@ def test_a_stream_cut_short_ends_where_it_was_cut(tmp_path: Path) -> None:
     assert b"".join(got) == CONTENT[:len(b"".join(got))] and got
 
 
-def test_an_uncompressed_file_is_not_opened_by_the_check(tmp_path: Path) -> None:
-    check_start(str(tmp_path / "absent.jsonl"))  # plain files are read by the job itself
+def test_the_check_opens_every_file_and_names_one_it_cannot(tmp_path: Path) -> None:
+    plain = tmp_path / "in.jsonl"
+    plain.write_bytes(CONTENT)
+    check_start(str(plain))  # raises nothing
+    absent = tmp_path / "gone.jsonl"  # e.g. deleted between the listing and the run
+    with pytest.raises(UnreadableInput) as refused:
+        check_start(str(absent))
+    assert str(refused.value) == f"input {absent} cannot be read (No such file or directory)"

@@ -241,3 +241,12 @@ def test_output_folders_this_user_cannot_write_are_one_line_and_nothing_is_delet
               else f"--output: cannot write in {out / 'late'}")
     assert _one_error_line(capsys, "fanin: error: ") == f"fanin: error: {reason}: permission denied"
     assert all(path.read_text() == "{}\n" for path in earlier.values())  # closes/ kept too
+
+
+def test_a_negative_worker_count_for_beam_is_one_line(tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    traffic = write_lines(tmp_path / "in.jsonl", [_open("j", required=["a"])])
+    assert main(["run", "--input", str(traffic), "--output", str(tmp_path / "out"),
+                 "--direct_num_workers", "-1"]) == 2
+    assert _one_error_line(capsys, "fanin: error: ") == \
+        "fanin: error: --direct_num_workers must be 1 or more (0: as many as the machine has cores)"
