@@ -62,7 +62,8 @@ def _add_run(subparsers: argparse._SubParsersAction[_Parser]) -> None:
     src.add_argument("--replay", action="store_true",
                      help="replay --input as a stream, in file order")
     src.add_argument("--max-disorder-s", type=float, default=0.0,
-                     help="replay watermark trails the largest event time by this (seconds)")
+                     help="--replay only: its watermark trails the largest event time by this "
+                     "(seconds; cover the file's disorder, or the replay is slow)")
     run.add_argument("--output", required=True, metavar="DIR")
     run.add_argument("--overwrite", action="store_true",
                      help="replace (delete) the outputs of an earlier run in DIR; without it "
@@ -92,9 +93,9 @@ def _add_run(subparsers: argparse._SubParsersAction[_Parser]) -> None:
                         help="most bytes of messages a join holds (default 16 MiB, under "
                         "Dataflow's element and commit limits); further ones are dead letters")
     limits.add_argument("--window-s", type=float, default=60.0,
-                        help="Pub/Sub runs: longest wait (processing time, whole seconds, at "
-                        "most 86400) before pending outputs are written to a file (a replay "
-                        "writes every 10,000 lines instead)")
+                        help="Pub/Sub runs: longest wait (processing time, in seconds rounded "
+                        "up, at most 86400) before pending outputs are written to a file (a "
+                        "replay writes every 10,000 lines instead)")
     limits.add_argument("--shards", type=int, default=1,
                         help="files per output (bounded), per write (streaming); 1 to 1000")
     run.add_argument("--log-closes", action="store_true",

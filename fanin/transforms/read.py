@@ -3,6 +3,8 @@
 Guarantees:
 - ``expand_inputs`` resolves globs with Beam's FileSystems (local paths, gs://, ...) and raises
   ``FileNotFoundError`` naming the pattern when it matches no file (a folder is not a file).
+  A file matched twice is read once, also under two spellings of a local path (``./F``,
+  ``d/../F``, a symbolic link: its first spelling is kept).
 - ``numbered_lines`` yields ``(line_bytes, (path, n))`` for every line of a file, in file
   order (``n`` 1-based); the compact source becomes ``{"kind": "file", "file": path,
   "line": n}`` in a dead letter (``contracts.parsing.source_object``). The trailing ``\\n``
@@ -34,7 +36,8 @@ Source = tuple[str, int]
 
 
 def expand_inputs(patterns: Sequence[str]) -> list[str]:
-    """Every file the patterns match, sorted, de-duplicated; a pattern matching none raises."""
+    """Every file the patterns match, sorted, de-duplicated (local files by their real path);
+    a pattern matching none raises."""
     paths: list[str] = []
     for pattern in patterns:
         if os.path.isdir(pattern):
@@ -45,7 +48,10 @@ def expand_inputs(patterns: Sequence[str]) -> list[str]:
         if not matched:
             raise FileNotFoundError(f"input matches no file: {pattern}")
         paths.extend(sorted(matched))
-    return list(dict.fromkeys(paths))
+    unique: dict[str, str] = {}  # the file -> its first spelling
+    for path in paths:
+        unique.setdefault(path if "://" in path else os.path.realpath(path), path)
+    return list(unique.values())
 
 
 def numbered_lines(path: str) -> Iterator[tuple[bytes, Source]]:

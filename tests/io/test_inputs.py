@@ -107,3 +107,18 @@ def test_the_check_opens_every_file_and_names_one_it_cannot(tmp_path: Path) -> N
     with pytest.raises(UnreadableInput) as refused:
         check_start(str(absent))
     assert str(refused.value) == f"input {absent} cannot be read (No such file or directory)"
+
+
+def test_a_file_named_twice_is_read_once_whatever_its_spelling(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch
+                                                               ) -> None:
+    from fanin.transforms.read import expand_inputs
+
+    (tmp_path / "d").mkdir()
+    first, other = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    first.write_bytes(CONTENT)
+    other.write_bytes(CONTENT)
+    (tmp_path / "link.jsonl").symlink_to(first)
+    monkeypatch.chdir(tmp_path)
+    spellings = ["./a.jsonl", str(first), "d/../a.jsonl", "link.jsonl", str(tmp_path / "*.jsonl")]
+    assert expand_inputs(spellings) == ["./a.jsonl", str(other)]
