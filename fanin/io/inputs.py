@@ -9,8 +9,9 @@ Guarantees:
   ``UnreadableInput`` (a ``ValueError``) naming the file and the system's reason.
 - A compressed file that cannot be decompressed (not of its suffix's format, or corrupt part of
   the way) raises ``UnreadableInput`` naming the file and the last line read before it, never
-  the codec's own error. ``check_start(path)`` opens the file and, when it is compressed, reads
-  its first line, so a run refuses a file it cannot read before it starts.
+  the codec's own error. ``check_start(path)`` opens the file (a local one; a compressed one
+  wherever it is) and, when it is compressed, reads its first line, so a run refuses a file it
+  cannot read before it starts.
 - A compressed stream cut short ends where it was cut (the codec cannot tell), as with
   ``ReadFromText``: its last, partial line is a message like any other, which the parse
   dead-letters.
@@ -37,19 +38,21 @@ def input_lines(path: str) -> Iterator[Iterator[bytes]]:
     try:
         handle = FileSystems.open(path)
     except OSError as exc:  # PermissionError, FileNotFoundError, ... (Beam's BeamIOError too)
-        reason = exc.strerror or str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        reason = exc.strerror or (str(exc).splitlines() or [type(exc).__name__])[0]
         raise UnreadableInput(f"input {path} cannot be read ({reason})") from exc
     with handle:
         yield iter(handle) if isinstance(handle, Iterable) else _decompressed(path, handle)
 
 
 def check_start(path: str) -> None:
-    """Raise ``UnreadableInput`` when ``path`` cannot be opened, or is compressed and its first
-    line cannot be decompressed (a file that is not of its suffix's format), before a job
-    reads it in full."""
+    """Raise ``UnreadableInput`` when ``path`` cannot be opened (checked for local files: a
+    remote plain file is opened by the job only), or is compressed and its first line cannot be
+    decompressed (a file that is not of its suffix's format), before a job reads it in full."""
     from apache_beam.io.filesystem import CompressionTypes
 
     compressed = CompressionTypes.detect_compression_type(path) != CompressionTypes.UNCOMPRESSED
+    if not compressed and "://" in path:
+        return
     with input_lines(path) as lines:
         if compressed:
             next(lines, None)
