@@ -179,11 +179,18 @@ def check_schema(schema: Any) -> None:
 
 def _check_regexes(schema: Any) -> None:
     """Every regular expression of ``schema`` runs on RE2 (see the module docstring)."""
-    keywords = set(_keywords(schema))
+    objects = list(_schema_objects(schema))
+    keywords = {keyword for node in objects for keyword in node}
     if "unevaluatedProperties" in keywords and "patternProperties" in keywords:
         raise ValueError("unevaluatedProperties with patternProperties is not supported (its "
                          "check would match names with a backtracking regular expression)")
-    for pattern in _patterns(schema):
+    patterns: list[str] = []  # each object's pattern, then its patternProperties' names
+    for node in objects:
+        if isinstance(node.get("pattern"), str):
+            patterns.append(node["pattern"])
+        if isinstance(node.get("patternProperties"), dict):
+            patterns.extend(node["patternProperties"])
+    for pattern in patterns:
         try:
             _regex(pattern)
         except re2.error as exc:
@@ -194,35 +201,21 @@ def _check_regexes(schema: Any) -> None:
                              "supported)") from None
 
 
-def _keywords(node: Any) -> Iterator[str]:
-    """Every keyword used in ``node`` and its subschemas (not inside data keywords, and not
-    the names of the maps that name subschemas)."""
+def _schema_objects(node: Any) -> Iterator[dict[str, Any]]:
+    """``node`` and every object under it whose keys are keywords: not the values of data
+    keywords, nor the maps that name subschemas (``properties``, ``$defs``, ...), whose
+    values are."""
     if isinstance(node, dict):
+        yield node
         for key, value in node.items():
-            yield key
             if key in _NAMED_SCHEMAS and isinstance(value, dict):
                 for subschema in value.values():
-                    yield from _keywords(subschema)
+                    yield from _schema_objects(subschema)
             elif key not in _DATA_KEYWORDS:
-                yield from _keywords(value)
+                yield from _schema_objects(value)
     elif isinstance(node, list):
         for item in node:
-            yield from _keywords(item)
-
-
-def _patterns(node: Any) -> Iterator[str]:
-    """The values of ``pattern`` and the names of ``patternProperties`` in ``node``."""
-    if isinstance(node, dict):
-        if isinstance(node.get("pattern"), str):
-            yield node["pattern"]
-        if isinstance(node.get("patternProperties"), dict):
-            yield from node["patternProperties"]
-        for key, value in node.items():
-            if key not in _DATA_KEYWORDS:
-                yield from _patterns(value)
-    elif isinstance(node, list):
-        for item in node:
-            yield from _patterns(item)
+            yield from _schema_objects(item)
 
 
 _PROBES: tuple[Any, ...] = (None, True, 0, 0.5, "", [], {})
