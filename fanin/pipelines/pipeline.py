@@ -320,14 +320,13 @@ def _prepare_output(output: str, overwrite: bool, inputs: Sequence[str] = (),
     ``--overwrite`` of a folder that holds one of the run's ``inputs`` (it would delete the
     input before reading it) or that this user cannot empty (a folder in it not writable):
     nothing is deleted then."""
-    for kind in (CLOSES, LATE, DEAD_LETTER):
-        folder = os.path.realpath(os.path.join(output, kind))
-        for path in inputs:
-            if "://" not in path and \
-                    os.path.commonpath([folder, os.path.realpath(path)]) == folder:
-                raise ConfigError(f"--input {path} is in {os.path.join(output, kind)}, which "
-                                  "this run replaces with its outputs; move it out first")
     folders = [os.path.join(output, kind) for kind in (CLOSES, LATE, DEAD_LETTER)]
+    for folder in folders:
+        real = os.path.realpath(folder)
+        for path in inputs:
+            if "://" not in path and os.path.commonpath([real, os.path.realpath(path)]) == real:
+                raise ConfigError(f"--input {path} is in {folder}, which this run replaces "
+                                  "with its outputs; move it out first")
     replaced = _checked_folders(output, folders, overwrite, continues)
     for folder in folders:
         try:

@@ -206,19 +206,21 @@ class Replay(beam.PTransform[PBegin, PCollection[Any]]):
         super().__init__()
         self._counts: dict[str, int] = {}
         self._token = uuid.uuid4().hex
+        # what the plan found, set by _plan
         self.behind = 0
         """Lines whose event time is behind the watermark when they arrive."""
         self.largest_lag_ms = 0
         """How far the latest event time before a line is ahead of it, at most (its disorder)."""
-        self._stream, self.end_ms, self.events = self._plan(
-            lines, int(max_disorder_s * 1000), horizon_ms, retention_floor_ms, batch)
-        """The last watermark before the jump to +infinity that ends the stream, and the
-        stream's events before it (each costs the local runner a round of bundles through
-        every step, longer the more joins it holds; lines that lag more than
-        ``max_disorder_s`` make an event each, nearly)."""
+        self.events = 0
+        """The stream's events before the jump to +infinity (each costs the local runner a
+        round of bundles through every step, longer the more joins it holds; lines that lag
+        more than ``max_disorder_s`` make an event each, nearly)."""
+        self._stream, self.end_ms = self._plan(lines, int(max_disorder_s * 1000), horizon_ms,
+                                               retention_floor_ms, batch)
+        """The last watermark before the jump to +infinity that ends the stream."""
 
     def _plan(self, lines: Iterable[tuple[bytes, Source]], lag: int, horizon_ms: int,
-              retention_floor_ms: int, batch: int) -> tuple[TestStream, int, int]:
+              retention_floor_ms: int, batch: int) -> tuple[TestStream, int]:
         out = _Events(batch)
         counts = self._counts
         max_seen: int | None = None
@@ -265,8 +267,8 @@ class Replay(beam.PTransform[PBegin, PCollection[Any]]):
         if out.watermark is None or end > out.watermark:
             out.advance(end)
         out.barrier()
-        return (out.stream.advance_watermark_to_infinity().with_output_types(RUN_TYPE), end,
-                out.events)
+        self.events = out.events
+        return out.stream.advance_watermark_to_infinity().with_output_types(RUN_TYPE), end
 
     def expand(self, pbegin: PBegin) -> PCollection[Any]:
         return (pbegin
