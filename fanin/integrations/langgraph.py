@@ -28,8 +28,8 @@ async graphs, so messages are emitted in the order LangGraph reports the events.
 errors (``raise_error``): a sink failure fails the graph run rather than losing receipts.
 State for a run is dropped when the run ends. Limits: only the attached graph's own nodes are
 seen (a subgraph is one branch of its parent); the routes not taken of conditional edges
-without a ``path_map`` (or a ``Literal`` return type), and of conditional edges from
-``START``, are unknown, so those routes are not reported; ``defer=True`` nodes are not branches.
+without a ``path_map`` (or a ``Literal`` return type) are unknown, so those routes are not
+reported; ``defer=True`` nodes are not branches.
 """
 
 from __future__ import annotations

@@ -8,6 +8,11 @@ skip it). Local paths are fsynced (file and folder) before and after the rename;
 filesystems (``gs://...``) are written through ``FileSystems`` (create, then rename). On error
 the temporary file is removed and the error re-raised.
 
+A local ``path`` is the file it names: a symbolic link is followed, and its target (a regular
+file, or none yet) is replaced atomically, the link kept; a path that is not a regular file (a
+pipe, a terminal, ``/dev/stdout``, another device) is written in place, as a shell's ``>``
+writes it, and never replaced by a file (nothing is atomic there).
+
 ``atomic_move(source, path)`` puts a complete file written earlier (by ``atomic_write``) in
 place under the name ``path`` with one rename, with the same guarantees.
 """
@@ -17,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import stat
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -26,30 +32,55 @@ __all__ = ["atomic_move", "atomic_write"]
 
 
 def atomic_write(path: str | os.PathLike[str], write: Callable[[BinaryIO], object]) -> None:
-    """Create or replace ``path`` atomically with what ``write`` writes to the file handle.
-    A local ``path`` that cannot be written (empty, a folder, under a file, no permission)
-    raises ``OSError`` naming ``path`` as given, never the temporary file, which is removed."""
+    """Create or replace ``path`` atomically with what ``write`` writes to the file handle
+    (a pipe or a device: written in place; see the module docstring). A local ``path`` that
+    cannot be written (empty, a folder, under a file, no permission) raises ``OSError`` naming
+    ``path`` as given, never the temporary file, which is removed."""
     name = os.fspath(path)
-    folder, slash, base = name.rpartition("/")  # a local path or a Beam filesystem's
-    tmp = f"{folder}{slash}.{base}.tmp-{uuid.uuid4().hex}"  # hidden: readers skip it
-    if "://" in name:
-        _remote(name, tmp, write)
+    if "://" in name:  # a Beam filesystem's
+        _remote(name, _temporary(name), write)
         return
+    tmp = None
     try:
-        if not name or os.path.isdir(name):
-            raise IsADirectoryError(errno.EISDIR, "not a file name", name)
-        Path(name).parent.mkdir(parents=True, exist_ok=True)
+        target = _local_target(name)
+        if target is None:
+            with open(name, "wb") as handle:
+                write(handle)
+            return
+        tmp = _temporary(target)
+        Path(target).parent.mkdir(parents=True, exist_ok=True)
         with open(tmp, "wb") as handle:
             write(handle)
             handle.flush()
             os.fsync(handle.fileno())
-        atomic_move(tmp, name)
+        atomic_move(tmp, target)
     except BaseException as exc:
-        with contextlib.suppress(OSError):  # none was made when its folder is not one
-            Path(tmp).unlink(missing_ok=True)
+        if tmp is not None:
+            with contextlib.suppress(OSError):  # none was made when its folder is not one
+                Path(tmp).unlink(missing_ok=True)
         if isinstance(exc, OSError):
             raise OSError(f"cannot write {name!r}: {exc.strerror or exc}") from None
         raise
+
+
+def _temporary(name: str) -> str:
+    """A hidden temporary name beside ``name``: readers skip it."""
+    folder, slash, base = name.rpartition("/")
+    return f"{folder}{slash}.{base}.tmp-{uuid.uuid4().hex}"
+
+
+def _local_target(name: str) -> str | None:
+    """The regular file to replace for the local path ``name`` (a symbolic link's target), or
+    None when ``name`` is written in place (it is, through any links, not a regular file)."""
+    if not name:
+        raise IsADirectoryError(errno.EISDIR, "not a file name", name)
+    try:
+        mode = os.stat(name).st_mode  # follows links, also /dev/stdout's
+    except FileNotFoundError:  # a new file (or a link to none yet: its target)
+        return os.path.realpath(name)
+    if stat.S_ISDIR(mode):
+        raise IsADirectoryError(errno.EISDIR, "not a file name", name)
+    return os.path.realpath(name) if stat.S_ISREG(mode) else None
 
 
 def atomic_move(source: str, path: str) -> None:

@@ -3,11 +3,15 @@
 Guarantees:
 - A ``JoinContext`` is immutable and carries exactly the fields every message of the join
   repeats: ``join_id`` (non-empty, at most 256 characters), ``opened_at`` (RFC 3339 UTC with
-  milliseconds), ``contract`` and ``run_id`` (strings or ``None``).
+  milliseconds: any RFC 3339 time given is kept as that instant in this form, truncated to
+  the millisecond as the pipeline reads it), ``contract`` and ``run_id`` (strings or
+  ``None``).
 - ``to_dict``/``from_dict`` and ``to_json``/``from_json`` round-trip exactly, so a context can
   cross process boundaries (task queues, HTTP headers, environment variables).
 - ``from_dict``/``from_json`` validate: a missing or mistyped field raises ``ValueError`` naming
-  the field; unknown fields are refused, so a typo does not silently drop data.
+  the field; unknown fields are refused, so a typo does not silently drop data. ``from_json``
+  reads JSON as the pipeline does (docs/spec.md §1): a field name given twice is refused, not
+  the last one taken.
 - ``JoinContext.new`` generates a random, unique ``join_id`` (UUID4 hex) unless one is given.
 - ``attempt`` (``None`` or an integer >= 1) lets a retry travel with the context: the process
   that hands a failed branch to another process (a task queue, a retry worker) passes
@@ -25,6 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from fanin.contracts.jsonvalue import loads_strict
 from fanin.contracts.timefmt import format_ms, parse_rfc3339
 
 __all__ = ["MAX_JOIN_ID_LENGTH", "Clock", "JoinContext", "now_rfc3339"]
@@ -61,9 +66,10 @@ class JoinContext:
         if not isinstance(self.opened_at, str):
             raise ValueError("opened_at must be an RFC 3339 string")
         try:
-            parse_rfc3339(self.opened_at)
+            opened = format_ms(parse_rfc3339(self.opened_at))
         except ValueError as exc:
             raise ValueError(f"opened_at {self.opened_at!r}: {exc}") from None
+        object.__setattr__(self, "opened_at", opened)  # frozen: set once, normalised
         for name in ("contract", "run_id"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, str):
@@ -113,5 +119,8 @@ class JoinContext:
 
     @classmethod
     def from_json(cls, text: str | bytes) -> JoinContext:
-        """Inverse of ``to_json``; invalid JSON raises ``ValueError``."""
-        return cls.from_dict(json.loads(text))
+        """Inverse of ``to_json``; invalid JSON (also a field name given twice) raises
+        ``ValueError``."""
+        if isinstance(text, bytes):
+            text = text.decode("utf-8")
+        return cls.from_dict(loads_strict(text))

@@ -6,10 +6,13 @@ import argparse
 import csv
 import io
 import json
+import os
 import random
 import shutil
+import stat
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -187,6 +190,33 @@ def test_atomic_write_leaves_nothing_on_failure(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError):
         atomic_write(tmp_path / "x.parquet", crash)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_atomic_write_follows_a_link_and_replaces_its_target(tmp_path: Path) -> None:
+    """``--out LINK`` (query, report) writes the file the link names and keeps the link; a
+    link to no file yet creates its target (it replaced the link by a file before)."""
+    (tmp_path / "target.html").write_text("old")
+    for link, target in (("link", "target.html"), ("dangling", "new.html")):
+        (tmp_path / link).symlink_to(target)
+        atomic_write(tmp_path / link, lambda fh: fh.write(b"new"))
+        assert (tmp_path / link).is_symlink() and (tmp_path / target).read_text() == "new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "dangling", "link", "new.html", "target.html"]
+
+
+def test_atomic_write_writes_into_a_pipe_in_place(tmp_path: Path) -> None:
+    """A path that is not a regular file (a pipe, ``/dev/stdout``) is written as a shell's
+    ``>`` writes it: its reader gets the bytes and the pipe stays a pipe (it was replaced by a
+    regular file, and its reader got nothing)."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    atomic_write(fifo, lambda fh: fh.write(b"one\n1\n"))
+    reader.join(timeout=30)
+    assert got == [b"one\n1\n"] and stat.S_ISFIFO(fifo.lstat().st_mode)
+    assert [p.name for p in tmp_path.iterdir()] == ["fifo"]
 
 
 # --- BigQuery ------------------------------------------------------------------------------

@@ -86,6 +86,29 @@ def test_context_round_trips_and_validates(clock: FakeClock) -> None:
         JoinContext(join_id="x" * 257, opened_at=ctx.opened_at)
 
 
+def test_context_from_json_refuses_a_field_given_twice() -> None:
+    """``from_json`` reads JSON as the pipeline does (docs/spec.md §1): a repeated field name
+    is refused, never the last one taken (a context then reported to another join)."""
+    text = '{"join_id":"a","opened_at":"2026-01-01T00:00:00.000Z","join_id":"b"}'
+    with pytest.raises(ValueError, match="join_id"):
+        JoinContext.from_json(text)
+    with pytest.raises(ValueError):
+        JoinContext.from_json(text.encode())
+    assert JoinContext.from_json(text.replace(',"join_id":"b"', "").encode()).join_id == "a"
+
+
+def test_context_keeps_opened_at_as_utc_milliseconds() -> None:
+    """The context carries ``opened_at`` in RFC 3339 UTC with milliseconds, whatever RFC 3339
+    form it was given: the same instant, truncated to the millisecond as the pipeline reads
+    it."""
+    for given in ("2026-01-01T00:00:00.123456-23:59", "2026-01-01t23:59:00.1239+00:00",
+                  "2026-01-01T23:59:00.123Z"):
+        ctx = JoinContext(join_id="a", opened_at=given)
+        assert ctx.opened_at == "2026-01-01T23:59:00.123Z", given
+        assert JoinContext.from_json(ctx.to_json()) == ctx
+        assert ctx.with_attempt(2).opened_at == ctx.opened_at
+
+
 def test_open_carries_overrides(emitter: Emitter, sink: MemorySink, ctx: JoinContext) -> None:
     emitter.open(ctx, required=["retrieve", "review/legal"], optional=["enrich"],
                  deadline_s=12.5, allow_partial=True)
