@@ -60,7 +60,8 @@ def _add_run(subparsers: argparse._SubParsersAction[_Parser]) -> None:
                      help="Pub/Sub attribute Dataflow deduplicates by (Dataflow only; the "
                      "local runner refuses it and the reducer's dedup applies)")
     src.add_argument("--replay", action="store_true",
-                     help="replay --input as a stream, in file order")
+                     help="replay --input as a stream: each file in its order, several "
+                     "files merged by event time")
     src.add_argument("--max-disorder-s", type=float, default=0.0,
                      help="--replay only: its watermark trails the largest event time by this "
                      "(seconds; cover the file's disorder, or the replay is slow)")

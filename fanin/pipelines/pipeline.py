@@ -50,7 +50,7 @@ from fanin.pipelines.cloud_names import (
 from fanin.transforms.join import DEFAULT_MAX_BYTES_PER_JOIN, JoinRecords
 from fanin.transforms.parse import KeyMessages, ParseMessages
 from fanin.transforms.read import ReadNumberedLines, Source, expand_inputs, numbered_lines
-from fanin.transforms.replay import Replay, build_replay
+from fanin.transforms.replay import Replay, build_replay, by_event_time
 from fanin.transforms.write import (
     BY_COUNT,
     BY_COUNT_OR_TIME,
@@ -249,7 +249,7 @@ def build(p: beam.Pipeline, config: RunConfig, catalog: Catalog,
     parse. ``drain`` stops a Pub/Sub read on the local runner (``fanin.io.pubsub_drain``)."""
     if config.replay:
         paths = expand_inputs(config.inputs)
-        lines = (item for path in paths for item in numbered_lines(path))
+        lines = by_event_time([numbered_lines(path) for path in paths])
         replay = replay_of(lines, catalog, config.max_disorder_s)
         raw = p | "Read" >> replay
         input_end_ms: int | None = replay.end_ms

@@ -43,8 +43,12 @@ def expand_inputs(patterns: Sequence[str]) -> list[str]:
         if os.path.isdir(pattern):
             raise FileNotFoundError(f"input is a folder, not a file: {pattern} (give a glob such "
                                     f"as {os.path.join(pattern, '*.jsonl')})")
-        matched = [m.path for result in FileSystems.match([pattern]) for m in result.metadata_list
-                   if not os.path.isdir(m.path)]
+        # Beam's local match finds nothing for a glob without a folder ("*.jsonl"): it is
+        # asked in "./" and its matches given back as the user wrote them
+        here = "://" not in pattern and not os.path.dirname(pattern)
+        matched = [m.path[2:] if here else m.path
+                   for result in FileSystems.match([f"./{pattern}" if here else pattern])
+                   for m in result.metadata_list if not os.path.isdir(m.path)]
         if not matched:
             raise FileNotFoundError(f"input matches no file: {pattern}")
         paths.extend(sorted(matched))

@@ -4,6 +4,10 @@ Guarantees:
 - Lines are delivered in file order (file order = arrival order), each stamped with its event
   time (an open's ``opened_at``, a receipt's ``event_time``); a line whose event time cannot be
   read is stamped with the current watermark, so it is never dropped as late by the source.
+  Several files are several sources of one stream (``by_event_time``): each keeps its own
+  order, and they are merged by event time (the file whose next line is earliest goes
+  first; ties by the order the files are given), so files each sorted by event time are
+  replayed sorted, as one file would be.
 - The watermark never passes ``max_seen - max_disorder_s`` (``max_seen``: the largest event
   time delivered so far) and only moves forward. Each line of a join sees the join's timers
   fired exactly as if the watermark stood at that bound when it arrived: before a line is
@@ -39,11 +43,11 @@ Guarantees:
 
 from __future__ import annotations
 
-import functools
+import heapq
 import json
 import uuid
 from array import array
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import apache_beam as beam
@@ -57,7 +61,7 @@ from apache_beam.utils.timestamp import Timestamp
 from fanin.contracts.timefmt import MAX_MS, duration_ms, parse_rfc3339
 from fanin.transforms.read import Source, numbered_lines
 
-__all__ = ["Replay", "build_replay", "scan_line"]
+__all__ = ["Replay", "build_replay", "by_event_time", "scan_line"]
 
 
 def _decode(line: bytes) -> Any:
@@ -110,11 +114,43 @@ def _stamp(ms: int) -> Timestamp:
     return Timestamp(micros=ms * 1000)
 
 
-@functools.lru_cache(maxsize=2)  # runs arrive file after file
+def by_event_time(files: Sequence[Iterable[tuple[bytes, Source]]]
+                  ) -> Iterator[tuple[bytes, Source]]:
+    """The lines of several files (each ``(line, source)`` in its file's order) as one
+    arrival order: merged by event time, each file's own order kept. A line whose event time
+    cannot be read goes right after the line before it in its file (before any line, at the
+    start); ties go to the file given first."""
+    if len(files) == 1:
+        yield from files[0]
+        return
+
+    def keyed(lines: Iterable[tuple[bytes, Source]]) -> Iterator[tuple[int, tuple[bytes, Source]]]:
+        key = -1 << 63
+        for item in lines:
+            t = _scan(item[0])[0]
+            key = key if t is None else t
+            yield key, item
+
+    for _, item in heapq.merge(*map(keyed, files), key=lambda pair: pair[0]):
+        yield item
+
+
+# token of the replay being read -> path -> its messages (one job's files at a time)
+_READ: dict[str, dict[str, list[tuple[bytes, Source]]]] = {}
+
+
 def _file_lines(path: str, token: str) -> list[tuple[bytes, Source]]:
-    """The messages of ``path`` as read for the replay of job ``token`` (one read per file and
-    worker process while the replay moves through it)."""
-    return list(numbered_lines(path))
+    """The messages of ``path`` as read for the replay of job ``token``: read once per worker
+    process while the replay moves through it, also when its runs alternate with other
+    files' (several files merged by event time)."""
+    files = _READ.get(token)
+    if files is None:
+        _READ.clear()  # another job's files are not read again
+        files = _READ[token] = {}
+    lines = files.get(path)
+    if lines is None:
+        lines = files[path] = list(numbered_lines(path))
+    return lines
 
 
 class _ExpandRuns(beam.DoFn):

@@ -122,3 +122,19 @@ def test_a_file_named_twice_is_read_once_whatever_its_spelling(tmp_path: Path,
     monkeypatch.chdir(tmp_path)
     spellings = ["./a.jsonl", str(first), "d/../a.jsonl", "link.jsonl", str(tmp_path / "*.jsonl")]
     assert expand_inputs(spellings) == ["./a.jsonl", str(other)]
+
+
+def test_a_glob_without_a_folder_matches_in_the_current_folder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--input '*.jsonl'`` reads the current folder's files, named as the user would write
+    them (Beam's local match found nothing for a glob without a folder: "matches no file")."""
+    from fanin.transforms.read import expand_inputs
+
+    for name in ("b.jsonl", "a.jsonl", "c.txt"):
+        (tmp_path / name).write_bytes(CONTENT)
+    (tmp_path / "d.jsonl").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert expand_inputs(["*.jsonl"]) == ["a.jsonl", "b.jsonl"]
+    assert expand_inputs(["?.txt", "a.jsonl"]) == ["c.txt", "a.jsonl"]
+    with pytest.raises(FileNotFoundError, match="matches no file: x"):
+        expand_inputs(["x*"])
