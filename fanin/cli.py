@@ -62,9 +62,9 @@ def _add_run(subparsers: argparse._SubParsersAction[_Parser]) -> None:
     src.add_argument("--replay", action="store_true",
                      help="replay --input as a stream: each file in its order, several "
                      "files merged by event time")
-    src.add_argument("--max-disorder-s", type=float, default=0.0,
+    src.add_argument("--max-disorder-s", type=float, default=None,
                      help="--replay only: its watermark trails the largest event time by this "
-                     "(seconds; cover the file's disorder, or the replay is slow)")
+                     "(seconds, default 0; cover the file's disorder, or the replay is slow)")
     run.add_argument("--output", required=True, metavar="DIR")
     run.add_argument("--overwrite", action="store_true",
                      help="replace (delete) the outputs of an earlier run in DIR; without it "
@@ -93,10 +93,10 @@ def _add_run(subparsers: argparse._SubParsersAction[_Parser]) -> None:
     limits.add_argument("--max-bytes-per-join", type=int, default=16 * 1024 * 1024,
                         help="most bytes of messages a join holds (default 16 MiB, under "
                         "Dataflow's element and commit limits); further ones are dead letters")
-    limits.add_argument("--window-s", type=float, default=60.0,
-                        help="Pub/Sub runs: longest wait (processing time, in seconds rounded "
-                        "up, at most 86400) before pending outputs are written to a file (a "
-                        "replay writes every 10,000 lines instead)")
+    limits.add_argument("--window-s", type=float, default=None,
+                        help="Pub/Sub runs only: longest wait (processing time, in seconds "
+                        "rounded up, default 60, at most 86400) before pending outputs are "
+                        "written to a file (a replay writes every 10,000 lines instead)")
     limits.add_argument("--shards", type=int, default=1,
                         help="files per output (bounded), per write (streaming); 1 to 1000")
     run.add_argument("--log-closes", action="store_true",
@@ -109,21 +109,32 @@ def _add_run(subparsers: argparse._SubParsersAction[_Parser]) -> None:
     run.set_defaults(func=_run)
 
 
+def _only_where_it_applies(args: argparse.Namespace) -> None:
+    """Refuse an option given for a run it does nothing in (a user who forgot ``--replay``
+    would believe the run was a stream)."""
+    if args.max_disorder_s is not None and not args.replay:
+        raise ValueError("--max-disorder-s applies to --replay only")
+    if args.window_s is not None and args.input:
+        raise ValueError("--window-s applies to Pub/Sub runs only (--subscription or --topic); "
+                    "a replay writes every 10,000 lines, a bounded run at its end")
+
+
 def _run(args: argparse.Namespace, beam_args: Sequence[str]) -> int:
     from fanin.contracts.catalog import ContractsError, JoinDefaults
     from fanin.pipelines.pipeline import ConfigError, RunConfig, run_pipeline
 
     logging.getLogger("fanin.close").setLevel(logging.INFO if args.log_closes else logging.WARNING)
     try:
+        _only_where_it_applies(args)
         defaults = JoinDefaults(args.deadline_s, args.allow_partial, args.fail_fast,
                                 args.close_trigger, args.retention_s)
         config = RunConfig(
             output=args.output, inputs=args.input, contracts_path=args.contracts,
             defaults=defaults, formats=tuple(args.format or ("jsonl",)), replay=args.replay,
-            max_disorder_s=args.max_disorder_s, max_bytes=args.max_bytes,
+            max_disorder_s=args.max_disorder_s or 0.0, max_bytes=args.max_bytes,
             max_messages_per_join=args.max_messages_per_join,
             max_bytes_per_join=args.max_bytes_per_join, log_closes=args.log_closes,
-            window_s=args.window_s,
+            window_s=60.0 if args.window_s is None else args.window_s,
             shards=args.shards, subscription=args.subscription, topic=args.topic,
             overwrite=args.overwrite, id_label=args.id_label,
             bigquery_dataset=args.bigquery_dataset, topics={

@@ -184,12 +184,17 @@ def test_cli_runs_and_refuses_bad_use(traffic: dict[str, Path], tmp_path: Path,
          "--output", str(out / "u")],  # id_label is Dataflow-only
         ["run", "--input", str(tmp_path), "--output", str(out / "t")],  # a folder
         *(["run", "--input", str(traffic["arrival"]), "--output", str(out / "s"), "--replay",
-           option, value] for option in ("--max-disorder-s", "--window-s")
-          for value in ("inf", "nan", "-1")),
-        ["run", "--input", str(traffic["arrival"]), "--output", str(out / "s"), "--replay",
-         "--window-s", "1e300"],  # Beam's translation raised 'Value out of range'
-        ["run", "--input", str(traffic["arrival"]), "--output", str(out / "s"), "--replay",
-         "--window-s", "86401"],
+           "--max-disorder-s", value] for value in ("inf", "nan", "-1")),
+        *(["run", "--subscription", "projects/my-proj/subscriptions/sub", "--output",
+           str(out / "s"), "--window-s", value]  # 1e300: Beam's translation raised 'Value out
+          for value in ("inf", "nan", "-1", "1e300", "86401")),  # of range'
+        # options for another kind of run: a user who forgot --replay believed it a stream
+        ["run", "--input", str(traffic["arrival"]), "--output", str(out / "s"),
+         "--max-disorder-s", "5"],
+        ["run", "--subscription", "projects/my-proj/subscriptions/sub", "--output",
+         str(out / "s"), "--max-disorder-s", "0"],
+        *(["run", "--input", str(traffic["arrival"]), "--output", str(out / "s"), *replay,
+           "--window-s", "5"] for replay in ([], ["--replay"])),
         *(["run", "--input", str(traffic["arrival"]), "--output", str(out / "s"), "--shards",
            shards] for shards in ("0", "1001")),  # s<shard> names have three digits
         # BigQuery file loads need a gs:// --temp_location (Beam failed inside the job)

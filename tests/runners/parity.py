@@ -9,7 +9,7 @@ from pathlib import Path
 
 from fanin.cli import main
 from fanin.transforms.read import numbered_lines
-from fanin.transforms.replay import scan_line
+from fanin.transforms.replay import by_event_time, scan_line
 from tests.reliability.runs import KINDS, accounted, read_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,15 +40,15 @@ def run_fanin(files: list[str], out: Path, mode: str, *runner: str) -> Multisets
 
 
 def on_time_disorder_s(files: list[str]) -> float:
-    """The smallest whole ``--max-disorder-s`` with which a replay of ``files`` (in file order)
-    delivers no message behind the watermark."""
+    """The smallest whole ``--max-disorder-s`` with which a replay of ``files`` (in the order
+    it reads them: each file's own, merged by event time) delivers no message behind the
+    watermark."""
     largest = worst = 0
-    for path in files:
-        for line, _ in numbered_lines(path):
-            t = scan_line(line)[0]
-            if t is not None:
-                largest = max(largest, t)
-                worst = max(worst, largest - t)
+    for line, _ in by_event_time([numbered_lines(path) for path in files]):
+        t = scan_line(line)[0]
+        if t is not None:
+            largest = max(largest, t)
+            worst = max(worst, largest - t)
     return float(worst // 1000 + 1)
 
 
