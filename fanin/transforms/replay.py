@@ -123,6 +123,7 @@ def by_event_time(files: Sequence[Iterable[tuple[bytes, Source]]]
     if len(files) == 1:
         yield from files[0]
         return
+    _open_files_for(len(files))
 
     def keyed(lines: Iterable[tuple[bytes, Source]]) -> Iterator[tuple[int, tuple[bytes, Source]]]:
         key = -1 << 63
@@ -133,6 +134,21 @@ def by_event_time(files: Sequence[Iterable[tuple[bytes, Source]]]
 
     for _, item in heapq.merge(*map(keyed, files), key=lambda pair: pair[0]):
         yield item
+
+
+def _open_files_for(count: int) -> None:
+    """Let this process hold ``count`` input files open at once, and some more: the soft
+    limit is raised towards the hard one where it is lower (1,024 on many systems; the Go
+    runtime does the same), else opening the files fails with one line naming one."""
+    try:
+        import resource
+    except ImportError:  # not POSIX: no such limit to raise
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = count + 256
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (
+            wanted if hard == resource.RLIM_INFINITY else min(wanted, hard), hard))
 
 
 # token of the replay being read -> path -> its messages (one job's files at a time)

@@ -5,6 +5,7 @@ the file in the worker; outputs of a replay follow docs/spec.md §4 (behaviour u
 from __future__ import annotations
 
 import json
+import resource
 from pathlib import Path
 from typing import Any
 
@@ -309,3 +310,17 @@ def test_a_replay_of_files_each_sorted_gives_the_bounded_outputs(tmp_path: Path)
     for kind in (CLOSES, LATE, DEAD_LETTER):
         assert sorted(map(json.dumps, found["replay"][kind])) == \
             sorted(map(json.dumps, found["bounded"][kind])), kind
+
+
+def test_more_files_than_the_soft_open_file_limit_are_merged(tmp_path: Path) -> None:
+    """A replay holds its files open at once to merge them: the soft limit (often 1,024) is
+    raised towards the hard one (the replay failed with "Too many open files")."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    paths = [write_lines(tmp_path / f"f{i:03d}.jsonl", [_open(f"j{i}", i % 60)])
+             for i in range(150)]
+    resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard))
+    try:
+        merged = list(by_event_time([numbered_lines(str(p)) for p in paths]))
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert sorted(source for _, source in merged) == [(str(p), 1) for p in paths]
