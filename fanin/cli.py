@@ -55,7 +55,9 @@ def _add_run(subparsers: argparse._SubParsersAction[_Parser]) -> None:
     src.add_argument("--subscription",
                      help="Pub/Sub subscription projects/PROJECT/subscriptions/NAME")
     src.add_argument("--topic",
-                     help="Pub/Sub topic projects/PROJECT/topics/NAME (a subscription is made)")
+                     help="Pub/Sub topic projects/PROJECT/topics/NAME, read through a "
+                     "subscription made for this run and deleted when it ends: messages "
+                     "published while no run reads are not received (use --subscription)")
     src.add_argument("--id-label", metavar="ATTRIBUTE",
                      help="Pub/Sub attribute Dataflow deduplicates by (Dataflow only; the "
                      "local runner refuses it and the reducer's dedup applies)")

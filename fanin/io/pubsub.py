@@ -26,6 +26,7 @@ import datetime
 import logging
 import os
 import re
+import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -95,17 +96,23 @@ def check_pubsub_resources(subscription: str | None = None, topics: Sequence[str
                            timeout_s: float = 30.0) -> None:
     """Ask Pub/Sub (or the emulator at ``PUBSUB_EMULATOR_HOST``) whether ``subscription`` and
     each of ``topics`` exist, before a run starts reading or publishing. Raises ``ValueError``
-    with one line: the resource that does not exist, or that the service did not answer within
-    ``timeout_s`` (and where it was asked)."""
+    with one line: the resource that does not exist, that the service did not answer within
+    ``timeout_s`` (and where it was asked), or that there are no credentials to ask with."""
     import google.cloud.pubsub_v1 as pubsub_v1
     from google.api_core import exceptions
+    from google.auth.exceptions import DefaultCredentialsError
 
     where = os.environ.get("PUBSUB_EMULATOR_HOST") or "pubsub.googleapis.com"
     asks = [("subscription", s) for s in (subscription,) if s] + [("topic", t) for t in topics]
     if not asks:
         return
-    subscriber = pubsub_v1.SubscriberClient()
-    publisher = pubsub_v1.PublisherClient()
+    try:
+        subscriber = pubsub_v1.SubscriberClient()
+        publisher = pubsub_v1.PublisherClient()
+    except DefaultCredentialsError:
+        raise ValueError("no Google credentials to reach Pub/Sub: set "
+                         "PUBSUB_EMULATOR_HOST=HOST:PORT to use the Pub/Sub emulator, or set "
+                         "up Application Default Credentials") from None
     try:
         for kind, path in asks:
             try:
@@ -120,6 +127,9 @@ def check_pubsub_resources(subscription: str | None = None, topics: Sequence[str
                     exceptions.ServiceUnavailable) as error:
                 raise ValueError(f"Pub/Sub at {where} did not answer about {kind} {path} "
                                  f"within {timeout_s:g} s ({type(error).__name__})") from None
+            except (exceptions.PermissionDenied, exceptions.Unauthenticated) as error:
+                raise ValueError(f"Pub/Sub at {where} refused to show {kind} {path} to these "
+                                 f"credentials ({type(error).__name__})") from None
     finally:
         subscriber.close()
         publisher.transport.close()
@@ -316,6 +326,11 @@ class ReadMessages(beam.PTransform[PBegin, PCollection[Any]]):
                 "Drop id_label: the join's reducer counts redelivered receipts as duplicates."
             )
         kind, name = self._source
+        if kind == "topic":
+            _LOG.warning("fanin: reading %s through a subscription made for this run and "
+                         "deleted when it ends: messages published while no run reads it "
+                         "(before this one starts, after it stops) are not received; read a "
+                         "subscription (--subscription) to lose none", name)
         if _on_local_direct_runner(pbegin.pipeline):
             read: beam.PTransform[PBegin, PCollection[Any]] = DrainableLocalRead(
                 self.drain, self._subscription, self._topic)
@@ -340,8 +355,8 @@ def _default_attributes(obj: Mapping[str, Any]) -> dict[str, str]:
     """``join_id``: the object's (closes, late lines), or a dead letter's message's when that
     is a JSON object with a join_id string (``read_join_id``); none otherwise."""
     join_id = obj.get("join_id")
-    if join_id is None and isinstance(obj.get("raw"), str):
-        join_id = read_join_id(obj["raw"])
+    if join_id is None and isinstance(obj.get("raw"), str):  # whatever its size (too_large)
+        join_id = read_join_id(obj["raw"], max_bytes=sys.maxsize)
     return {"join_id": join_id} if isinstance(join_id, str) and join_id else {}
 
 

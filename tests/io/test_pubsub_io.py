@@ -232,3 +232,6 @@ def test_dead_letters_on_a_topic_carry_their_messages_join_id() -> None:
                   "raw": '{"join_id": "orphan", "branch": "a"}'}) == {"join_id": "orphan"}
     for raw in ("not json", '["j"]', '{"join_id": 7}', '{"join_id": ""}'):
         assert attrs({"error": "invalid_json", "detail": "d", "raw": raw}) == {}
+    # a too_large dead letter's message is over every read limit: its join_id still counts
+    big = json.dumps({"join_id": "tl", "branch": "a", "value": "x" * (6 << 20)})
+    assert attrs({"error": "too_large", "detail": "d", "raw": big}) == {"join_id": "tl"}

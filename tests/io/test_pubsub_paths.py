@@ -66,3 +66,19 @@ def test_valid_paths_pass_and_transforms_check_them() -> None:
         ReadMessages(subscription="projects/P/subscriptions/S")
     with pytest.raises(ValueError, match="name 'T'"):
         PublishJson("projects/my-project/topics/T")
+
+
+def test_no_credentials_is_one_line_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without the emulator's address and without Application Default Credentials the
+    resource check cannot ask: one line, exit 2 (it was a 31-line traceback, exit 1)."""
+    monkeypatch.delenv("PUBSUB_EMULATOR_HOST", raising=False)
+    monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no gcloud credentials file there
+    monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "gcloud"))
+    monkeypatch.setenv("GCE_METADATA_HOST", "127.0.0.1:9")  # no metadata server either
+    code, err = _run(capsys, "--subscription", "projects/my-project/subscriptions/xyz",
+                     "--output", str(tmp_path / "out"))
+    assert (code, len(err)) == (2, 1)
+    assert err[0].startswith("fanin: error: no Google credentials to reach Pub/Sub")
