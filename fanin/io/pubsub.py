@@ -46,6 +46,7 @@ from fanin.contracts.parsing import read_join_id
 from fanin.contracts.timefmt import MAX_MS, MIN_MS, format_ms, parse_rfc3339
 from fanin.core.outcomes import encode_line
 from fanin.io.pubsub_drain import Drain, DrainableLocalRead
+from fanin.io.pubsub_publish import PublishLocally
 
 __all__ = [
     "PublishJson",
@@ -395,7 +396,9 @@ class PublishJson(beam.PTransform[PCollection[Any], PDone]):
     ``attributes_fn(obj)`` if given; a non-str attribute key or value raises ``TypeError``.
     Writing uses ``WriteToPubSub(with_attributes=True)``, which publishes and waits for each
     bundle's messages at the end of the bundle (at least once: a retried bundle publishes
-    again).
+    again); on the local runner ``PublishLocally`` (``fanin.io.pubsub_publish``), which does
+    the same and never fails the run: what it cannot publish is counted and logged, and the
+    output files hold it.
     """
 
     def __init__(
@@ -414,5 +417,7 @@ class PublishJson(beam.PTransform[PCollection[Any], PDone]):
             pcoll
             | "ToPubsubMessage"
             >> beam.Map(_to_pubsub_message, attributes_fn).with_output_types(PubsubMessage)
-            | "WriteToPubSub" >> WriteToPubSub(self._topic, with_attributes=True)
+            | "WriteToPubSub" >> (
+                PublishLocally(self._topic) if _on_local_direct_runner(pcoll.pipeline)
+                else WriteToPubSub(self._topic, with_attributes=True))
         )

@@ -5,6 +5,8 @@
 - The emulator down under a running ``fanin run``: the job logs the outage, keeps retrying,
   logs the recovery once the emulator is back, reads again, and a Ctrl-C then drains it with
   every join it had read (before and after) written.
+- An output topic deleted under a running job: what cannot be published is logged, the files
+  hold it, and the run drains as usual.
 """
 
 from __future__ import annotations
@@ -110,3 +112,35 @@ def test_emulator_restart_under_a_running_job(
         "before": "complete", "open-across": "timeout", "after": "complete"}
     assert closes["open-across"]["counts"]["messages"] == 2
     assert "Traceback" not in run.stderr()
+
+
+def test_an_output_topic_deleted_under_a_running_job_loses_nothing(
+    pubsub_emulator: PubSubEmulator, tmp_path: Path
+) -> None:
+    """docs/spec.md §5: a topic is a copy of the output files. Its topic deleted while the job
+    runs, a close that cannot be published is counted and logged, the files still hold it and
+    a drain ends as usual (the job failed, exit 1, and lost every message it had read, from
+    the files too)."""
+    topic, subscription = pubsub_emulator.topic_and_subscription("in")
+    closes_topic, closes_subscription = pubsub_emulator.topic_and_subscription("closes")
+    output = tmp_path / "out"
+    run = FaninRun(["--subscription", subscription, "--output", str(output), "--window-s", "1",
+                    "--closes-topic", closes_topic], tmp_path / "run")
+    try:
+        for data in _join("published", ("a", "b")):
+            pubsub_emulator.publish(topic, data)
+        got = pubsub_emulator.collect(closes_subscription, lambda got: len(got) >= 1,
+                                      DEADLINE_S)
+        assert [m.attributes["join_id"] for m in got] == ["published"], run.stderr()
+        pubsub_emulator.publisher.delete_topic(topic=closes_topic)
+        for data in _join("unpublished", ("a", "b")) + _join("open", ("a",)):
+            pubsub_emulator.publish(topic, data)
+        assert run.until(lambda: "not published to" in run.stderr(), DEADLINE_S), run.stderr()
+        run.signal(signal.SIGINT)
+        assert run.wait(DEADLINE_S) == 0, run.stderr()
+    finally:
+        run.stop()
+    closes = {c["join_id"]: c["reason"] for c in read_outputs(output, "closes")}
+    assert closes == {"published": "complete", "unpublished": "complete", "open": "timeout"}
+    assert "Traceback" not in run.stderr()
+    assert f"not published to {closes_topic}" in run.stderr()
