@@ -21,8 +21,10 @@ Guarantees:
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
+import threading
 import time
 from typing import Any
 
@@ -37,7 +39,8 @@ _LOG = logging.getLogger("fanin")
 
 
 class _NotPublished:
-    """Failed publications of one topic, reported at once, then at most every ``_EVERY_S``."""
+    """Failed publications of one topic, reported at once, then at most every ``_EVERY_S``
+    (bundles may end on several threads)."""
 
     _EVERY_S = 60.0
 
@@ -48,23 +51,62 @@ class _NotPublished:
         self._last = ""
         self._reported_at: float | None = None
         self._counter = Metrics.counter("fanin", "pubsub_not_published")
+        self._lock = threading.Lock()
 
     def note(self, error: BaseException) -> None:
-        self.total += 1
-        self._unreported += 1
-        self._last = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+        text = str(error).splitlines()[0] if str(error) else ""
+        with self._lock:
+            self.total += 1
+            self._unreported += 1
+            self._last = f"{type(error).__name__}: {text}"
         self._counter.inc()
 
     def report(self, final: bool = False) -> None:
         now = time.monotonic()
-        if not self._unreported or (not final and self._reported_at is not None
-                                    and now - self._reported_at < self._EVERY_S):
-            return
+        with self._lock:
+            if not self._unreported or (not final and self._reported_at is not None
+                                        and now - self._reported_at < self._EVERY_S):
+                return
+            total, unreported, last = self.total, self._unreported, self._last
+            self._unreported = 0
+            self._reported_at = now
         _LOG.warning("fanin: %d output(s) not published to %s (%d since the last report; "
-                     "last error %s); the output files hold them", self.total, self.topic,
-                     self._unreported, self._last[:300])
-        self._unreported = 0
-        self._reported_at = now
+                     "last error %s); the output files hold them", total, self.topic,
+                     unreported, last[:300])
+
+
+class _Topic:
+    """One topic's publisher client and failure report, shared by every copy of the DoFn in
+    this process: the local runner makes a fresh copy per bundle (set up and torn down with
+    it), so a client per copy would be a connection per bundle, and a report per copy would
+    repeat itself every bundle."""
+
+    _shared: dict[str, _Topic] = {}
+    _lock = threading.Lock()
+
+    def __init__(self, topic: str) -> None:
+        import google.cloud.pubsub_v1 as pubsub_v1
+
+        self.client = pubsub_v1.PublisherClient()
+        self.failed = _NotPublished(topic)
+
+    @classmethod
+    def of(cls, topic: str) -> _Topic:
+        with cls._lock:
+            shared = cls._shared.get(topic)
+            if shared is None:
+                if not cls._shared:
+                    atexit.register(cls._at_exit)
+                shared = cls._shared[topic] = cls(topic)
+            return shared
+
+    @classmethod
+    def _at_exit(cls) -> None:
+        """The last report of each topic, and its client stopped."""
+        for shared in cls._shared.values():
+            shared.failed.report(final=True)
+            with contextlib.suppress(Exception):  # the service gone
+                shared.client.stop()
 
 
 class _PublishFn(beam.DoFn):
@@ -73,15 +115,11 @@ class _PublishFn(beam.DoFn):
     def __init__(self, topic: str, give_up_s: float) -> None:
         self._topic = topic
         self._give_up_s = give_up_s
-        self._client: Any = None
+        self._shared: _Topic | None = None
         self._pending: list[Any] = []
-        self._failed: _NotPublished | None = None
 
     def setup(self) -> None:
-        from google.cloud import pubsub_v1
-
-        self._client = pubsub_v1.PublisherClient()
-        self._failed = _NotPublished(self._topic)
+        self._shared = _Topic.of(self._topic)
 
     def start_bundle(self) -> None:
         self._pending = []
@@ -89,28 +127,24 @@ class _PublishFn(beam.DoFn):
     def process(self, message: PubsubMessage) -> None:
         from google.api_core.retry import Retry
 
-        self._pending.append(self._client.publish(
+        if self._shared is None:
+            raise RuntimeError("setup() was not called")
+        self._pending.append(self._shared.client.publish(
             self._topic, message.data, retry=Retry(timeout=self._give_up_s),
             timeout=self._give_up_s, **(message.attributes or {})))
 
     def finish_bundle(self) -> None:
-        if self._failed is None:
+        if self._shared is None:
             raise RuntimeError("setup() was not called")
+        failed = self._shared.failed
         ends = time.monotonic() + self._give_up_s
         for future in self._pending:
             try:
                 future.result(timeout=max(0.0, ends - time.monotonic()))
             except Exception as error:  # every failure: the files hold it
-                self._failed.note(error)
+                failed.note(error)
         self._pending = []
-        self._failed.report()
-
-    def teardown(self) -> None:
-        if self._failed is not None:
-            self._failed.report(final=True)
-        if self._client is not None:
-            with contextlib.suppress(Exception):  # stopped already, or the service gone
-                self._client.stop()
+        failed.report()
 
 
 class PublishLocally(beam.PTransform[PCollection[Any], PDone]):
