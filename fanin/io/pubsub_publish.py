@@ -24,6 +24,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+import os
 import threading
 import time
 from typing import Any
@@ -81,7 +82,7 @@ class _Topic:
     it), so a client per copy would be a connection per bundle, and a report per copy would
     repeat itself every bundle."""
 
-    _shared: dict[str, _Topic] = {}
+    _shared: dict[tuple[str | None, str], _Topic] = {}  # by (emulator address, topic)
     _lock = threading.Lock()
 
     def __init__(self, topic: str) -> None:
@@ -92,12 +93,13 @@ class _Topic:
 
     @classmethod
     def of(cls, topic: str) -> _Topic:
+        key = (os.environ.get("PUBSUB_EMULATOR_HOST"), topic)
         with cls._lock:
-            shared = cls._shared.get(topic)
+            shared = cls._shared.get(key)
             if shared is None:
                 if not cls._shared:
                     atexit.register(cls._at_exit)
-                shared = cls._shared[topic] = cls(topic)
+                shared = cls._shared[key] = cls(topic)
             return shared
 
     @classmethod
