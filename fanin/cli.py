@@ -8,7 +8,7 @@ Guarantees:
   job-server runner (Flink, Spark, portable) the options its job server defines
   (``--checkpointing_interval``, ...; ``fanin.runners.job_server_options``); any other
   option, or one the job server does not define, is bad use. So is a job-server runner whose
-  jar Beam can neither find nor download (``fanin.runners.toolchain.job_server_jar_error``).
+  jar Beam can neither find nor download (``fanin.runners.toolchain.runner_setup_error``).
 - The runner is always explicit (see ``pipelines.pipeline.choose_runner``) and is logged.
 - Each subcommand's module is imported only when that subcommand runs: ``fanin --help``,
   ``fanin query`` and ``fanin report`` never import Apache Beam.
@@ -91,10 +91,13 @@ def _add_run(subparsers: argparse._SubParsersAction[_Parser]) -> None:
     limits = run.add_argument_group("limits")
     limits.add_argument("--max-bytes", type=int, default=256 * 1024,
                         help="largest message accepted, in bytes")
-    limits.add_argument("--max-messages-per-join", type=int, default=100_000)
+    limits.add_argument("--max-messages-per-join", type=int, default=100_000,
+                        help="most messages a join holds; a further one is late if the join "
+                        "has closed, else a join_too_large dead letter (docs/spec.md §4)")
     limits.add_argument("--max-bytes-per-join", type=int, default=16 * 1024 * 1024,
                         help="most bytes of messages a join holds (default 16 MiB, under "
-                        "Dataflow's element and commit limits); further ones are dead letters")
+                        "Dataflow's element and commit limits); further ones as with "
+                        "--max-messages-per-join")
     limits.add_argument("--window-s", type=float, default=None,
                         help="Pub/Sub runs only: longest wait (processing time, in seconds "
                         "rounded up, default 60, at most 86400) before pending outputs are "
@@ -145,7 +148,7 @@ def _run(args: argparse.Namespace, beam_args: Sequence[str]) -> int:
                                                 ("dead_letter", args.dead_letter_topic))
                 if topic})
         from fanin.runners.dry_run import maybe_dry_run
-        from fanin.runners.toolchain import job_server_jar_error, with_local_job_server
+        from fanin.runners.toolchain import runner_setup_error, with_local_job_server
 
         beam_args = with_local_job_server(beam_args)
 
@@ -164,7 +167,7 @@ def _run(args: argparse.Namespace, beam_args: Sequence[str]) -> int:
         try:
             run_pipeline(config, beam_args, runner)
         except RuntimeError as exc:  # a job server's jar that is not here: a set-up error
-            line = job_server_jar_error(exc, beam_args)
+            line = runner_setup_error(exc, beam_args)
             if line is None:
                 raise
             print(f"fanin: error: {line}", file=sys.stderr)

@@ -62,7 +62,7 @@ from fanin.transforms.write import (
 
 __all__ = ["ConfigError", "RunConfig", "build", "catalog_for", "checkout_setup_file",
            "choose_runner", "configure_options", "early_firing", "replay_horizon_ms",
-           "replay_of", "replay_retention_floor_ms", "run_pipeline"]
+           "replay_of", "replay_retention_floor_ms", "run_pipeline", "runner_class_name"]
 
 _LOG = logging.getLogger("fanin")
 MAX_WINDOW_S = 86_400  # --window-s: outputs are written at least once a day
@@ -152,11 +152,22 @@ class RunConfig:
 
 
 def choose_runner(config: RunConfig, options: PipelineOptions) -> str:
-    """The runner to use: the user's ``--runner`` if given, else the right local runner."""
+    """The runner to use: the user's ``--runner`` if given (``runner_class_name``), else the
+    right local runner."""
     chosen = options.view_as(StandardOptions).runner
     if chosen:
-        return chosen
+        return runner_class_name(chosen)
     return "BundleBasedDirectRunner" if config.streaming else "FnApiRunner"
+
+
+def runner_class_name(name: str) -> str:
+    """A runner Beam knows, by any name Beam accepts for it (``dataflow``, ``dataflowrunner``,
+    ``DataflowRunner``), as its class name (``DataflowRunner``), which every check of a runner
+    compares with; any other name (a module path to a runner class) as given."""
+    known = {path.rsplit(".", 1)[-1].lower(): path.rsplit(".", 1)[-1]
+             for path in StandardOptions.ALL_KNOWN_RUNNERS}
+    lower = name.lower()
+    return known.get(lower) or known.get(f"{lower}runner") or name
 
 
 # Runners whose triggers Beam's Python SDK executes in process (the others run them runner-side)
@@ -410,9 +421,10 @@ def _check_dataflow_job(config: RunConfig, options: PipelineOptions) -> None:
     """Where the job runs and what it replaces, checked before Beam builds it (Beam checks
     some of it only at submission, over the network, with tracebacks): ``--project``,
     ``--region`` and ``gs://`` ``--temp_location`` given and well formed (``cloud_names``), as
-    ``--staging_location`` when given; ``--output`` a remote path (the workers cannot write to
-    this machine); ``--update`` only of a streaming job, ``--transform_name_mapping`` a JSON
-    object of names, only with ``--update``; at-least-once mode only for a streaming job."""
+    ``--staging_location`` when given; ``--output`` a ``gs://`` path with a valid bucket name
+    (the workers cannot write to this machine, nor to S3 without boto3); ``--update`` only
+    of a streaming job, ``--transform_name_mapping`` a JSON object of names, only with
+    ``--update``; at-least-once mode only for a streaming job."""
     cloud = options.view_as(GoogleCloudOptions)
     missing = [f"--{n}" for n in ("project", "region", "temp_location") if not getattr(cloud, n)]
     if missing:
@@ -423,9 +435,13 @@ def _check_dataflow_job(config: RunConfig, options: PipelineOptions) -> None:
             validate_gcs_path("staging_location", cloud.staging_location)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    if "://" not in config.output:
+    if not config.output.startswith("gs://"):  # s3:// needs boto3, which workers lack
         raise ConfigError(f"--output {config.output}: a Dataflow job writes where its workers "
                           "can, a gs:// path")
+    try:
+        validate_gcs_path("--output", config.output)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     streaming = bool(options.view_as(StandardOptions).streaming)
     mapping = cloud.transform_name_mapping
     if mapping is not None and not (isinstance(mapping, dict) and all(
@@ -483,6 +499,10 @@ def configure_options(config: RunConfig, beam_args: Sequence[str]) -> PipelineOp
         standard.streaming = True
     if standard.runner.endswith("DataflowRunner"):
         _check_dataflow(config, options)
+    parallelism = options.get_all_options().get("parallelism")
+    if isinstance(parallelism, int) and (parallelism == 0 or parallelism < -1):
+        raise ConfigError(f"--parallelism must be 1 or more (-1: the runner's default), not "
+                          f"{parallelism}")
     return options
 
 

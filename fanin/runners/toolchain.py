@@ -36,7 +36,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 __all__ = ["FLINK_DIST_VERSION", "FLINK_JOB_SERVER_BEAM_VERSION", "add_subcommand",
-           "flink_home", "flink_job_server_jar", "job_server_jar_error", "prism_binary",
+           "flink_home", "flink_job_server_jar", "prism_binary", "runner_setup_error",
            "setup_flink", "setup_prism", "with_local_job_server"]
 
 CACHE = os.path.expanduser("~/.apache_beam/cache")
@@ -220,28 +220,39 @@ def with_local_job_server(beam_args: Sequence[str]) -> list[str]:
     ``fanin setup flink`` built one (Beam would otherwise download its own, which the registries
     here do not serve)."""
     args = list(beam_args)
-    joined = " ".join(args)
-    if "FlinkRunner" not in joined or "--flink_job_server_jar" in joined:
+    if _runner_of(args) != "FlinkRunner" or "--flink_job_server_jar" in " ".join(args):
         return args
     jar = flink_job_server_jar()
     return [*args, f"--flink_job_server_jar={jar}"] if os.path.isfile(jar) else args
 
 
-# How Beam's job-server runners (FlinkRunner, SparkRunner) say that the jar they start is
-# neither given as a local file nor in Beam's cache, and could not be downloaded
-_JAR_UNAVAILABLE = "Unable to fetch remote job server jar"
+def _runner_of(beam_args: Sequence[str]) -> str:
+    """The class name of the runner ``beam_args`` name (any name Beam accepts for it)."""
+    from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+
+    from fanin.pipelines.pipeline import runner_class_name
+
+    return runner_class_name(PipelineOptions(list(beam_args)).view_as(StandardOptions).runner
+                             or "")
 
 
-def job_server_jar_error(exc: BaseException, beam_args: Sequence[str]) -> str | None:
-    """One line for the user when ``exc`` is Beam failing to fetch a job server's jar (nothing
-    ran), naming ``fanin setup flink`` for FlinkRunner; None for any other error."""
+# How Beam says that what a runner starts (a job server's jar for FlinkRunner and SparkRunner,
+# Prism's binary) is neither given as a local file nor in its cache, and could not be
+# downloaded; and what sets it up here, by runner
+_UNAVAILABLE = ("Unable to fetch remote job server jar", "Unable to fetch remote prism binary")
+_SETS_UP = {"FlinkRunner": "fanin setup flink", "PrismRunner": "fanin setup prism"}
+
+
+def runner_setup_error(exc: BaseException, beam_args: Sequence[str]) -> str | None:
+    """One line for the user when ``exc`` is Beam failing to fetch what its runner starts (a
+    job server's jar, Prism's binary; nothing ran), naming the ``fanin setup`` that builds it;
+    None for any other error."""
     message = str(exc)
-    if not isinstance(exc, RuntimeError) or not message.startswith(_JAR_UNAVAILABLE):
+    if not isinstance(exc, RuntimeError) or not message.startswith(_UNAVAILABLE):
         return None
     line = message.splitlines()[0]
-    if "FlinkRunner" in " ".join(beam_args):
-        line += " (`fanin setup flink` builds the Flink job server, which fanin run then uses)"
-    return line
+    setup = _SETS_UP.get(_runner_of(beam_args))
+    return f"{line} (`{setup}` sets it up, and fanin run then uses it)" if setup else line
 
 
 def _setup(args: argparse.Namespace) -> int:

@@ -214,6 +214,10 @@ def test_only_fanins_own_setup_file_is_added(tmp_path: Path, monkeypatch: pytest
 @pytest.mark.parametrize(("extra", "said"), [
     (["--output", "/tmp/local-out"], "--output /tmp/local-out: a Dataflow job writes where its "
      "workers can, a gs:// path"),
+    (["--output", "s3://my-bucket/out"], "--output s3://my-bucket/out: a Dataflow job writes "
+     "where its workers can, a gs:// path"),
+    (["--output", "gs://B/out"], "--output bucket must be a valid bucket name (3-63 "
+     "characters: a-z, 0-9, -, _, .), got 'B'"),
     (["--region=us_central1"], "region must be a region such as us-central1, got 'us_central1'"),
     (["--temp_location=/tmp/x"], "temp_location must be a gs:// path, got '/tmp/x'"),
     (["--max_num_workers", "0"], "Pipeline has validations errors: Invalid value (0) for option: "
@@ -244,3 +248,23 @@ def test_a_dataflow_job_is_checked_before_it_is_built(
     assert cli.main(argv) == 2
     assert capsys.readouterr().err == f"fanin: error: {said}\n"
     assert not (tmp_path / "g.json").exists()
+
+
+@pytest.mark.parametrize("alias", ["dataflow", "dataflowrunner", "Dataflow"])
+def test_beams_other_names_of_dataflow_get_the_same_checks(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], alias: str) -> None:
+    """``--runner dataflow`` is Beam's Dataflow runner too: the same offline checks (a local
+    --output refused in one line) and the same dry run (they were skipped: the dry run went to
+    the network for credentials and printed tracebacks)."""
+    options = [f"--runner={alias}" if a == "--runner=DataflowRunner" else a
+               for a in dataflow_args(False)]
+    assert f"--runner={alias}" in options
+    argv = ["run", "--input", str(EXAMPLES / "triage.jsonl"), *options]
+    assert cli.main([*argv, "--output", "/tmp/local-out", "--dry-run",
+                     str(tmp_path / "g.json")]) == 2
+    assert capsys.readouterr().err == ("fanin: error: --output /tmp/local-out: a Dataflow job "
+                                       "writes where its workers can, a gs:// path\n")
+    assert cli.main([*argv, "--output", "gs://fanin-dry-run-bucket/o", "--dry-run",
+                     str(tmp_path / "g.json")]) == 0
+    assert json.loads((tmp_path / "g.json").read_text())["dataflow_job"]["type"] == \
+        "JOB_TYPE_BATCH"

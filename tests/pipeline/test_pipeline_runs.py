@@ -204,6 +204,10 @@ def test_cli_runs_and_refuses_bad_use(traffic: dict[str, Path], tmp_path: Path,
            *replay] for replay in ([], ["--replay"])),
         ["run", "--input", str(traffic["arrival"]), "--output", str(out / "r"),
          "--max-messages-per-join", str(2**63 - 1)],
+        # a Flink option out of range (a traceback from the runner before)
+        *(["run", "--input", str(traffic["arrival"]), "--output", str(out / "p"),
+           "--runner=FlinkRunner", "--flink_master=[local]", f"--parallelism={n}"]
+          for n in ("0", "-2")),
     ]
     for argv in bad:
         with pytest.raises(SystemExit) as info:

@@ -12,6 +12,7 @@ from apache_beam.runners.portability.spark_runner import SparkRunner
 
 from fanin import cli
 from fanin.runners.job_server_options import checked_runner, job_server_option_names
+from fanin.runners.toolchain import runner_setup_error
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "fanin" / "examples"
 
@@ -67,7 +68,10 @@ def test_fanin_run_refuses_a_job_server_option_for_the_local_runner(
 @pytest.mark.parametrize(("runner", "hint"), [
     (["--runner=SparkRunner", "--spark_job_server_jar=http://127.0.0.1:9/spark-js.jar"], ""),
     (["--runner=FlinkRunner", "--flink_job_server_jar=http://127.0.0.1:9/flink-js.jar"],
-     " (`fanin setup flink` builds the Flink job server, which fanin run then uses)")])
+     " (`fanin setup flink` sets it up, and fanin run then uses it)"),
+    # Beam's alias of the same runner (the hint was missing)
+    (["--runner=flink", "--flink_job_server_jar=http://127.0.0.1:9/flink-js.jar"],
+     " (`fanin setup flink` sets it up, and fanin run then uses it)")])
 def test_a_job_server_jar_that_cannot_be_fetched_is_one_line(
         runner: list[str], hint: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -84,3 +88,19 @@ def test_a_job_server_jar_that_cannot_be_fetched_is_one_line(
     assert errors[0].startswith(f"fanin: error: Unable to fetch remote job server jar at {jar}: ")
     assert errors[0].endswith(hint)
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("runner", ["--runner=PrismRunner", "--runner=prism"])
+def test_a_prism_binary_that_cannot_be_fetched_is_one_line(runner: str) -> None:
+    """Beam fetches Prism's binary as it fetches a job server's jar, and says so in the same
+    words (``prism_runner.py``, ``_download_to_local_path``): the same one line, naming the
+    set-up (it was a traceback of 111 lines, exit 1). Offline, Beam would try GitHub, so the
+    runner's error is given here as Beam raises it."""
+    error = RuntimeError("Unable to fetch remote prism binary at https://github.com/x.zip: "
+                         "<urlopen error [Errno -3] Temporary failure in name resolution>")
+    assert runner_setup_error(error, [runner]) == (
+        "Unable to fetch remote prism binary at https://github.com/x.zip: <urlopen error "
+        "[Errno -3] Temporary failure in name resolution> (`fanin setup prism` sets it up, "
+        "and fanin run then uses it)")
+    assert runner_setup_error(ValueError(str(error)), [runner]) is None
+    assert runner_setup_error(RuntimeError("another failure"), [runner]) is None

@@ -20,6 +20,7 @@ from apache_beam.options.pipeline_options import (
 )
 
 from fanin import cli
+from fanin.io.pubsub import validate_pubsub_path
 from fanin.runners import dataflow, default_sdk_image, direct, flink, portable, spark
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -222,3 +223,29 @@ def test_dockerfile_pins_the_project_beam_version() -> None:
     tag = images[0].split(":", 1)[1].split()[0]
     assert re.fullmatch(r"[0-9]{8}_RC[0-9]{2}", tag), images[0]
     assert "/opt/google/dataflow/python_template_launcher" in dockerfile
+
+
+def _accepted(path: str, collection: str) -> bool:
+    try:
+        validate_pubsub_path(path, collection)
+    except ValueError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("name", [
+    "my-project/{}/fanin-closes", "example.com:my-project/{}/a.b~c", "P/{}/closes",
+    "my-project/{}/goog-x", "my-project/{}/GOOGx", "my-project/{}/ab", "my-project/{}/1abc",
+    "my-proj-/{}/abc", "my-project/{}/" + "a" * 256, "my-project/{}/a/b",
+])
+def test_flex_pubsub_regexes_accept_what_fanin_accepts(name: str) -> None:
+    """A template parameter the metadata's regex accepts is one ``fanin run`` accepts, and
+    the other way round (the regexes accepted names Fanin then refused at launch)."""
+    metadata = json.loads((FLEX / "metadata.json").read_text(encoding="utf-8"))
+    regexes = {p["name"]: p["regexes"][0] for p in metadata["parameters"]}
+    for parameter, collection in (("subscription", "subscriptions"),
+                                  ("closes_topic", "topics"), ("late_topic", "topics"),
+                                  ("dead_letter_topic", "topics")):
+        path = "projects/" + name.format(collection)
+        assert bool(re.fullmatch(regexes[parameter], path)) == _accepted(path, collection), \
+            (parameter, path)
