@@ -7,8 +7,10 @@ Guarantees:
   ``--direct_num_workers``, ``--direct_running_mode``, Dataflow options, ...), and for a
   job-server runner (Flink, Spark, portable) the options its job server defines
   (``--checkpointing_interval``, ...; ``fanin.runners.job_server_options``); any other
-  option, or one the job server does not define, is bad use. So is a job-server runner whose
-  jar Beam can neither find nor download (``fanin.runners.toolchain.runner_setup_error``).
+  option, or one the job server does not define, is bad use. So is a runner whose job
+  server's jar or Prism binary Beam can neither find nor download, or whose job service does
+  not answer (exit 2); a job the runner fails is one line, exit 1
+  (``fanin.runners.toolchain.runner_failure``).
 - The runner is always explicit (see ``pipelines.pipeline.choose_runner``) and is logged.
 - Each subcommand's module is imported only when that subcommand runs: ``fanin --help``,
   ``fanin query`` and ``fanin report`` never import Apache Beam.
@@ -148,7 +150,7 @@ def _run(args: argparse.Namespace, beam_args: Sequence[str]) -> int:
                                                 ("dead_letter", args.dead_letter_topic))
                 if topic})
         from fanin.runners.dry_run import maybe_dry_run
-        from fanin.runners.toolchain import runner_setup_error, with_local_job_server
+        from fanin.runners.toolchain import runner_failure, with_local_job_server
 
         beam_args = with_local_job_server(beam_args)
 
@@ -166,12 +168,12 @@ def _run(args: argparse.Namespace, beam_args: Sequence[str]) -> int:
             "://" not in args.output and not args.overwrite else frozenset()
         try:
             run_pipeline(config, beam_args, runner)
-        except RuntimeError as exc:  # a job server's jar that is not here: a set-up error
-            line = runner_setup_error(exc, beam_args)
-            if line is None:
+        except Exception as exc:  # the runner's failures: one line (runner_failure)
+            failure = runner_failure(exc, beam_args)
+            if failure is None:
                 raise
-            print(f"fanin: error: {line}", file=sys.stderr)
-            return 2
+            print(f"fanin: error: {failure[0]}", file=sys.stderr)
+            return failure[1]
     except (ConfigError, ContractsError, FileNotFoundError, ValueError,
             NotImplementedError) as exc:
         print(f"fanin: error: {_one_line(exc)}", file=sys.stderr)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -36,7 +37,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 __all__ = ["FLINK_DIST_VERSION", "FLINK_JOB_SERVER_BEAM_VERSION", "add_subcommand",
-           "flink_home", "flink_job_server_jar", "prism_binary", "runner_setup_error",
+           "flink_home", "flink_job_server_jar", "prism_binary", "runner_failure",
+           "runner_setup_error",
            "setup_flink", "setup_prism", "with_local_job_server"]
 
 CACHE = os.path.expanduser("~/.apache_beam/cache")
@@ -253,6 +255,28 @@ def runner_setup_error(exc: BaseException, beam_args: Sequence[str]) -> str | No
     line = message.splitlines()[0]
     setup = _SETS_UP.get(_runner_of(beam_args))
     return f"{line} (`{setup}` sets it up, and fanin run then uses it)" if setup else line
+
+
+def runner_failure(exc: BaseException, beam_args: Sequence[str]) -> tuple[str, int] | None:
+    """One line and an exit code for a failure of the runner rather than of Fanin: what the
+    runner starts is not set up (``runner_setup_error``; 2), its job service does not answer
+    (2), or the runner failed the job (1, the runner's first line of why; its log above has
+    the rest). None for any other error: its traceback is Fanin's to show."""
+    import grpc
+    from apache_beam.options.pipeline_options import PipelineOptions, PortableOptions
+
+    setup = runner_setup_error(exc, beam_args)
+    if setup is not None:
+        return setup, 2
+    if isinstance(exc, grpc.FutureTimeoutError):
+        portable = PipelineOptions(list(beam_args)).view_as(PortableOptions)
+        return (f"no job service answered at {portable.job_endpoint} within "
+                f"{portable.job_server_timeout} s (--job_endpoint, --job_server_timeout)", 2)
+    failed = re.match(r"Pipeline \S+ failed in state (\w+): (.*)", str(exc))
+    if isinstance(exc, RuntimeError) and failed:
+        why = failed.group(2).strip() or "(no reason given)"
+        return f"the runner failed the job ({failed.group(1)}): {why.splitlines()[0]}", 1
+    return None
 
 
 def _setup(args: argparse.Namespace) -> int:

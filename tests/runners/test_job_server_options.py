@@ -12,7 +12,7 @@ from apache_beam.runners.portability.spark_runner import SparkRunner
 
 from fanin import cli
 from fanin.runners.job_server_options import checked_runner, job_server_option_names
-from fanin.runners.toolchain import runner_setup_error
+from fanin.runners.toolchain import runner_failure, runner_setup_error
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "fanin" / "examples"
 
@@ -104,3 +104,31 @@ def test_a_prism_binary_that_cannot_be_fetched_is_one_line(runner: str) -> None:
         "and fanin run then uses it)")
     assert runner_setup_error(ValueError(str(error)), [runner]) is None
     assert runner_setup_error(RuntimeError("another failure"), [runner]) is None
+
+
+def test_a_job_service_that_does_not_answer_is_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A portable runner's job service that is not there: one line, exit 2, after
+    ``--job_server_timeout`` (a grpc.FutureTimeoutError traceback, after 300 s by default)."""
+    code = cli.main(["run", "--input", str(EXAMPLES / "triage.jsonl"), "--contracts",
+                     str(EXAMPLES / "contracts.yaml"), "--output", str(tmp_path / "out"),
+                     "--runner=PortableRunner", "--job_endpoint=localhost:9",
+                     "--environment_type=LOOPBACK", "--job_server_timeout=1"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert [line for line in err.splitlines() if line.startswith("fanin: error:")] == [
+        "fanin: error: no job service answered at localhost:9 within 1 s (--job_endpoint, "
+        "--job_server_timeout)"]
+    assert "Traceback" not in err
+
+
+def test_a_job_the_runner_fails_is_one_line_exit_1() -> None:
+    """A portable runner failing the job (a Flink cluster gone: Beam raises this after its
+    job service reports FAILED, ``portable_runner.py``): one line with the runner's reason,
+    exit 1; any other error keeps its traceback."""
+    error = RuntimeError("Pipeline job-7_1 failed in state FAILED: java.net.ConnectException: "
+                         "Connection refused\n\tat sun.nio.ch.Net.pollConnect(Native Method)")
+    assert runner_failure(error, ["--runner=FlinkRunner"]) == (
+        "the runner failed the job (FAILED): java.net.ConnectException: Connection refused", 1)
+    assert runner_failure(RuntimeError("something else"), ["--runner=FlinkRunner"]) is None
+    assert runner_failure(KeyError("x"), ["--runner=FlinkRunner"]) is None
