@@ -138,10 +138,11 @@ def _run(args: argparse.Namespace, beam_args: Sequence[str]) -> int:
         config = RunConfig(
             output=args.output, inputs=args.input, contracts_path=args.contracts,
             defaults=defaults, formats=tuple(args.format or ("jsonl",)), replay=args.replay,
-            max_disorder_s=args.max_disorder_s or 0.0, max_bytes=args.max_bytes,
+            max_disorder_s=args.max_disorder_s or RunConfig.max_disorder_s,
+            max_bytes=args.max_bytes,
             max_messages_per_join=args.max_messages_per_join,
             max_bytes_per_join=args.max_bytes_per_join, log_closes=args.log_closes,
-            window_s=60.0 if args.window_s is None else args.window_s,
+            window_s=RunConfig.window_s if args.window_s is None else args.window_s,
             shards=args.shards, subscription=args.subscription, topic=args.topic,
             overwrite=args.overwrite, id_label=args.id_label,
             bigquery_dataset=args.bigquery_dataset, topics={

@@ -9,12 +9,15 @@ filesystems (``gs://...``) are written through ``FileSystems`` (create, then ren
 the temporary file is removed and the error re-raised.
 
 A local ``path`` is the file it names: a symbolic link is followed, and its target (a regular
-file, or none yet) is replaced atomically, the link kept; a path that is not a regular file (a
-pipe, a terminal, ``/dev/stdout``, another device) is written in place, as a shell's ``>``
-writes it, and never replaced by a file (nothing is atomic there).
+file, or none yet) is replaced atomically, the link kept. A path that is not a regular file (a
+pipe, a terminal, a device), or that reaches a file through a process's descriptor
+(``/dev/stdout``, ``/dev/fd/N``, ``/proc/.../fd/N``: a file the shell opened with ``>`` or
+``>>``), is written in place, appended to as the shell opened it, and never replaced by a file
+(nothing is atomic there). A name ending in ``/`` is a folder's, refused.
 
 ``atomic_move(source, path)`` puts a complete file written earlier (by ``atomic_write``) in
-place under the name ``path`` with one rename, with the same guarantees.
+place under the name ``path`` with one rename (``path`` itself: a link there is replaced),
+readers seeing the old file, no file or the new one.
 """
 
 from __future__ import annotations
@@ -43,8 +46,8 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[BinaryIO], objec
     tmp = None
     try:
         target = _local_target(name)
-        if target is None:
-            with open(name, "wb") as handle:
+        if target is None:  # appended to: a file behind /dev/stdout keeps what >> left there
+            with open(name, "ab") as handle:
                 write(handle)
             return
         tmp = _temporary(target)
@@ -71,8 +74,8 @@ def _temporary(name: str) -> str:
 
 def _local_target(name: str) -> str | None:
     """The regular file to replace for the local path ``name`` (a symbolic link's target), or
-    None when ``name`` is written in place (it is, through any links, not a regular file)."""
-    if not name:
+    None when ``name`` is written in place (see the module docstring)."""
+    if not name or name.endswith("/"):
         raise IsADirectoryError(errno.EISDIR, "not a file name", name)
     try:
         mode = os.stat(name).st_mode  # follows links, also /dev/stdout's
@@ -80,7 +83,24 @@ def _local_target(name: str) -> str | None:
         return os.path.realpath(name)
     if stat.S_ISDIR(mode):
         raise IsADirectoryError(errno.EISDIR, "not a file name", name)
-    return os.path.realpath(name) if stat.S_ISREG(mode) else None
+    if not stat.S_ISREG(mode) or _through_a_descriptor(name):
+        return None
+    return os.path.realpath(name)
+
+
+_DESCRIPTORS = ("/dev/stdin", "/dev/stdout", "/dev/stderr", "/dev/fd/", "/proc/")
+
+
+def _through_a_descriptor(name: str) -> bool:
+    """Whether ``name``, or a symbolic link on its way, is a process's file descriptor."""
+    path = os.path.abspath(name)
+    for _ in range(40):  # the kernel's own limit of links followed
+        if path.startswith(_DESCRIPTORS):
+            return True
+        if not os.path.islink(path):
+            return False
+        path = os.path.normpath(os.path.join(os.path.dirname(path), os.readlink(path)))
+    return False
 
 
 def atomic_move(source: str, path: str) -> None:

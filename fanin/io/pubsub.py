@@ -98,7 +98,9 @@ def check_pubsub_resources(subscription: str | None = None, topics: Sequence[str
     """Ask Pub/Sub (or the emulator at ``PUBSUB_EMULATOR_HOST``) whether ``subscription`` and
     each of ``topics`` exist, before a run starts reading or publishing. Raises ``ValueError``
     with one line: the resource that does not exist, that the service did not answer within
-    ``timeout_s`` (and where it was asked), or that there are no credentials to ask with."""
+    ``timeout_s`` (and where it was asked), or that there are no credentials to ask with, or
+    credentials it refuses. Credentials allowed to publish or pull but not to look a resource
+    up (``PermissionDenied``) get a warning, and the run goes on."""
     import google.cloud.pubsub_v1 as pubsub_v1
     from google.api_core import exceptions
     from google.auth.exceptions import DefaultCredentialsError
@@ -128,9 +130,12 @@ def check_pubsub_resources(subscription: str | None = None, topics: Sequence[str
                     exceptions.ServiceUnavailable) as error:
                 raise ValueError(f"Pub/Sub at {where} did not answer about {kind} {path} "
                                  f"within {timeout_s:g} s ({type(error).__name__})") from None
-            except (exceptions.PermissionDenied, exceptions.Unauthenticated) as error:
-                raise ValueError(f"Pub/Sub at {where} refused to show {kind} {path} to these "
-                                 f"credentials ({type(error).__name__})") from None
+            except exceptions.PermissionDenied:  # e.g. roles/pubsub.publisher: no *.get
+                _LOG.warning("fanin: these credentials may not check that %s %s exists "
+                             "(PermissionDenied on get); going on", kind, path)
+            except exceptions.Unauthenticated as error:
+                raise ValueError(f"Pub/Sub at {where} refused these credentials for {kind} "
+                                 f"{path} ({type(error).__name__})") from None
     finally:
         subscriber.close()
         publisher.transport.close()

@@ -9,14 +9,16 @@ what docs/spec.md §5 says it is, a copy of the output files.
 
 Guarantees:
 - Each message is published at least once while its topic exists and the service answers:
-  the client retries what Pub/Sub calls transient for up to ``give_up_s``; the bundle waits
+  the client retries what its default retries (aborted, cancelled, deadline exceeded,
+  internal, resource exhausted, unavailable, unknown) for up to ``give_up_s``; the bundle waits
   for its messages at its end.
 - A message that cannot be published, or is not confirmed within ``give_up_s`` (the topic
-  does not exist, permission refused, the service unreachable), is counted (Beam metric
-  ``fanin/pubsub_not_published``) and reported: the first failure of a topic at once, later
-  ones at most once a minute and when the run ends, with how many there were. The output
-  files hold it, since the topic is their copy; the bundle succeeds and the run goes on (a
-  drain ends as usual).
+  does not exist, permission refused, the service unreachable; the client may still deliver
+  one not confirmed in time), is counted (Beam metric ``fanin/pubsub_not_published``) and
+  reported: the first failure of a topic at once, later ones at most once a minute, and
+  what is left when the run ends (``report_unpublished``, which ``fanin run`` calls before
+  its summary), with how many there were. The output files hold it, since the topic is
+  their copy; the bundle succeeds and the run goes on (a drain ends as usual).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from apache_beam.io.gcp.pubsub import PubsubMessage
 from apache_beam.metrics.metric import Metrics
 from apache_beam.pvalue import PCollection, PDone
 
-__all__ = ["PublishLocally"]
+__all__ = ["PublishLocally", "report_unpublished"]
 
 _LOG = logging.getLogger("fanin")
 
@@ -62,13 +64,17 @@ class _NotPublished:
             self._last = f"{type(error).__name__}: {text}"
         self._counter.inc()
 
-    def report(self, final: bool = False) -> None:
+    def report(self, final: bool = False, reset: bool = False) -> None:
+        """Log the count unless nothing is new or (not ``final``) the last report is less
+        than a minute old; ``reset``: count afresh after it (a run ended)."""
         now = time.monotonic()
         with self._lock:
-            if not self._unreported or (not final and self._reported_at is not None
-                                        and now - self._reported_at < self._EVERY_S):
-                return
             total, unreported, last = self.total, self._unreported, self._last
+            if reset:
+                self.total = 0
+            if not unreported or (not final and self._reported_at is not None
+                                  and now - self._reported_at < self._EVERY_S):
+                return
             self._unreported = 0
             self._reported_at = now
         _LOG.warning("fanin: %d output(s) not published to %s (%d since the last report; "
@@ -77,38 +83,62 @@ class _NotPublished:
 
 
 class _Topic:
-    """One topic's publisher client and failure report, shared by every copy of the DoFn in
-    this process: the local runner makes a fresh copy per bundle (set up and torn down with
-    it), so a client per copy would be a connection per bundle, and a report per copy would
-    repeat itself every bundle."""
+    """One topic's publisher client, retry and failure report, shared by every copy of the
+    DoFn in this process: the local runner makes a fresh copy per bundle (set up and torn down
+    with it), so a client per copy would be a connection per bundle, and a report per copy
+    would repeat itself every bundle."""
 
     _shared: dict[tuple[str | None, str], _Topic] = {}  # by (emulator address, topic)
     _lock = threading.Lock()
 
-    def __init__(self, topic: str) -> None:
+    def __init__(self, topic: str, give_up_s: float) -> None:
         import google.cloud.pubsub_v1 as pubsub_v1
+        from google.api_core import exceptions
+        from google.api_core.retry import Retry, if_exception_type
 
         self.client = pubsub_v1.PublisherClient()
+        # the errors the publisher's own default retries (its generated client's settings)
+        self.retry = Retry(predicate=if_exception_type(
+            exceptions.Aborted, exceptions.Cancelled, exceptions.DeadlineExceeded,
+            exceptions.InternalServerError, exceptions.ResourceExhausted,
+            exceptions.ServiceUnavailable, exceptions.Unknown), timeout=give_up_s)
         self.failed = _NotPublished(topic)
 
     @classmethod
-    def of(cls, topic: str) -> _Topic:
+    def of(cls, topic: str, give_up_s: float) -> _Topic:
         key = (os.environ.get("PUBSUB_EMULATOR_HOST"), topic)
         with cls._lock:
             shared = cls._shared.get(key)
             if shared is None:
                 if not cls._shared:
                     atexit.register(cls._at_exit)
-                shared = cls._shared[key] = cls(topic)
+                shared = cls._shared[key] = cls(topic, give_up_s)
             return shared
 
     @classmethod
+    def report_all(cls) -> None:
+        """Report what each topic has not published yet, and start each count afresh (the
+        end of a run)."""
+        with cls._lock:
+            shared = list(cls._shared.values())
+        for topic in shared:
+            topic.failed.report(final=True, reset=True)
+
+    @classmethod
     def _at_exit(cls) -> None:
-        """The last report of each topic, and its client stopped."""
-        for shared in cls._shared.values():
-            shared.failed.report(final=True)
+        """The last reports, and the clients stopped."""
+        cls.report_all()
+        with cls._lock:
+            shared = list(cls._shared.values())
+        for topic in shared:
             with contextlib.suppress(Exception):  # the service gone
-                shared.client.stop()
+                topic.client.stop()
+
+
+def report_unpublished() -> None:
+    """Log, per output topic of this process, the outputs not published since the last
+    report (the run's end: ``fanin run`` calls it before its summary)."""
+    _Topic.report_all()
 
 
 class _PublishFn(beam.DoFn):
@@ -121,19 +151,20 @@ class _PublishFn(beam.DoFn):
         self._pending: list[Any] = []
 
     def setup(self) -> None:
-        self._shared = _Topic.of(self._topic)
+        self._shared = _Topic.of(self._topic, self._give_up_s)
 
     def start_bundle(self) -> None:
         self._pending = []
 
     def process(self, message: PubsubMessage) -> None:
-        from google.api_core.retry import Retry
-
         if self._shared is None:
             raise RuntimeError("setup() was not called")
-        self._pending.append(self._shared.client.publish(
-            self._topic, message.data, retry=Retry(timeout=self._give_up_s),
-            timeout=self._give_up_s, **(message.attributes or {})))
+        try:
+            self._pending.append(self._shared.client.publish(
+                self._topic, message.data, retry=self._shared.retry,
+                timeout=self._give_up_s, **(message.attributes or {})))
+        except Exception as error:  # refused at once (too large with its attributes, ...)
+            self._shared.failed.note(error)
 
     def finish_bundle(self) -> None:
         if self._shared is None:

@@ -62,7 +62,8 @@ from fanin.transforms.write import (
 
 __all__ = ["ConfigError", "RunConfig", "build", "catalog_for", "checkout_setup_file",
            "choose_runner", "configure_options", "early_firing", "replay_horizon_ms",
-           "replay_of", "replay_retention_floor_ms", "run_pipeline", "runner_class_name"]
+           "replay_of", "replay_retention_floor_ms", "run_pipeline", "runner_class_name",
+           "runner_in"]
 
 _LOG = logging.getLogger("fanin")
 MAX_WINDOW_S = 86_400  # --window-s: outputs are written at least once a day
@@ -162,12 +163,21 @@ def choose_runner(config: RunConfig, options: PipelineOptions) -> str:
 
 def runner_class_name(name: str) -> str:
     """A runner Beam knows, by any name Beam accepts for it (``dataflow``, ``dataflowrunner``,
-    ``DataflowRunner``), as its class name (``DataflowRunner``), which every check of a runner
-    compares with; any other name (a module path to a runner class) as given."""
-    known = {path.rsplit(".", 1)[-1].lower(): path.rsplit(".", 1)[-1]
-             for path in StandardOptions.ALL_KNOWN_RUNNERS}
+    ``DataflowRunner``, its module path), as its class name (``DataflowRunner``), which every
+    check of a runner compares with; any other name (a module path to another runner class)
+    as given."""
+    known: dict[str, str] = {}
+    for path in StandardOptions.ALL_KNOWN_RUNNERS:
+        known[path.lower()] = known[path.rsplit(".", 1)[-1].lower()] = path.rsplit(".", 1)[-1]
     lower = name.lower()
     return known.get(lower) or known.get(f"{lower}runner") or name
+
+
+def runner_in(beam_args: Sequence[str]) -> str | None:
+    """The class name (``runner_class_name``) of the runner ``beam_args`` name; None for
+    none."""
+    named: str | None = PipelineOptions(list(beam_args)).view_as(StandardOptions).runner
+    return None if named is None else runner_class_name(named)
 
 
 # Runners whose triggers Beam's Python SDK executes in process (the others run them runner-side)
@@ -562,4 +572,8 @@ def run_pipeline(config: RunConfig, beam_args: Sequence[str],
         return result
     with drain_on_signals(drain, _LOG) if drain else contextlib.nullcontext():
         result.wait_until_finish()
+    if config.topics:
+        from fanin.io.pubsub_publish import report_unpublished
+
+        report_unpublished()  # what the run's topics lack, before its summary line
     return result

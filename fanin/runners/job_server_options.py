@@ -23,10 +23,12 @@ import re
 from collections.abc import Sequence
 from typing import Any, cast
 
-from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.runners.portability.portable_runner import JobServiceHandle, PortableRunner
 from apache_beam.runners.portability.prism_runner import PrismRunner
 from apache_beam.runners.runner import PipelineRunner, create_runner
+
+from fanin.pipelines.pipeline import runner_in
 
 __all__ = ["checked_runner", "job_server_option_names"]
 
@@ -47,14 +49,9 @@ def _job_server_runner(runner: str | None) -> type[PortableRunner] | None:
     return None
 
 
-def _runner(beam_args: Sequence[str]) -> str | None:
-    runner: str | None = PipelineOptions(list(beam_args)).view_as(StandardOptions).runner
-    return runner
-
-
 def job_server_option_names(beam_args: Sequence[str], unknown: Sequence[str]) -> list[str]:
     """The option names in ``unknown`` (see the module docstring), in order."""
-    runner = _runner(beam_args)
+    runner = runner_in(beam_args)
     if _job_server_runner(runner) is None:
         raise ValueError(f"unrecognized arguments: {' '.join(unknown)}")
     names: list[str] = []
@@ -93,7 +90,7 @@ class _CheckedHandle(JobServiceHandle):
 
 def checked_runner(beam_args: Sequence[str], names: Sequence[str]) -> PipelineRunner:
     """The runner of ``beam_args`` (a job-server runner) checking ``names`` at submission."""
-    runner = _runner(beam_args)
+    runner = runner_in(beam_args)
     cls = _job_server_runner(runner)
     if runner is None or cls is None:
         raise ValueError(f"{runner} does not take options from a job server")

@@ -228,14 +228,10 @@ def with_local_job_server(beam_args: Sequence[str]) -> list[str]:
     return [*args, f"--flink_job_server_jar={jar}"] if os.path.isfile(jar) else args
 
 
-def _runner_of(beam_args: Sequence[str]) -> str:
-    """The class name of the runner ``beam_args`` name (any name Beam accepts for it)."""
-    from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+def _runner_of(beam_args: Sequence[str]) -> str | None:
+    from fanin.pipelines.pipeline import runner_in  # Beam's, imported only when run
 
-    from fanin.pipelines.pipeline import runner_class_name
-
-    return runner_class_name(PipelineOptions(list(beam_args)).view_as(StandardOptions).runner
-                             or "")
+    return runner_in(beam_args)
 
 
 # How Beam says that what a runner starts (a job server's jar for FlinkRunner and SparkRunner,
@@ -253,7 +249,7 @@ def runner_setup_error(exc: BaseException, beam_args: Sequence[str]) -> str | No
     if not isinstance(exc, RuntimeError) or not message.startswith(_UNAVAILABLE):
         return None
     line = message.splitlines()[0]
-    setup = _SETS_UP.get(_runner_of(beam_args))
+    setup = _SETS_UP.get(_runner_of(beam_args) or "")
     return f"{line} (`{setup}` sets it up, and fanin run then uses it)" if setup else line
 
 
@@ -270,12 +266,14 @@ def runner_failure(exc: BaseException, beam_args: Sequence[str]) -> tuple[str, i
         return setup, 2
     if isinstance(exc, grpc.FutureTimeoutError):
         portable = PipelineOptions(list(beam_args)).view_as(PortableOptions)
-        return (f"no job service answered at {portable.job_endpoint} within "
-                f"{portable.job_server_timeout} s (--job_endpoint, --job_server_timeout)", 2)
-    failed = re.match(r"Pipeline \S+ failed in state (\w+): (.*)", str(exc))
+        where = f" at {portable.job_endpoint}" if portable.job_endpoint else ""
+        return (f"no job service answered{where} within {portable.job_server_timeout} s "
+                "(--job_endpoint, --job_server_timeout)", 2)
+    failed = re.match(r"Pipeline \S+ failed in state (\w+): (.*)", str(exc), re.DOTALL)
     if isinstance(exc, RuntimeError) and failed:
-        why = failed.group(2).strip() or "(no reason given)"
-        return f"the runner failed the job ({failed.group(1)}): {why.splitlines()[0]}", 1
+        why = next((line.strip() for line in failed.group(2).splitlines() if line.strip()),
+                   "(no reason given)")
+        return f"the runner failed the job ({failed.group(1)}): {why}", 1
     return None
 
 

@@ -119,7 +119,8 @@ class JoinContext:
 
     @classmethod
     def from_json(cls, text: str | bytes) -> JoinContext:
-        """Inverse of ``to_json``; invalid JSON (also a field name given twice) raises
+        """Inverse of ``to_json``; invalid JSON (also a field name given twice, and bytes
+        that are not UTF-8 without a byte order mark, as the pipeline reads messages) raises
         ``ValueError``."""
         if isinstance(text, bytes):
             text = text.decode("utf-8")

@@ -46,7 +46,7 @@ def expand_inputs(patterns: Sequence[str]) -> list[str]:
         # Beam's local match finds nothing for a glob without a folder ("*.jsonl"): it is
         # asked in "./" and its matches given back as the user wrote them
         here = "://" not in pattern and not os.path.dirname(pattern)
-        matched = [m.path[2:] if here else m.path
+        matched = [m.path.removeprefix("./") if here else m.path
                    for result in FileSystems.match([f"./{pattern}" if here else pattern])
                    for m in result.metadata_list if not os.path.isdir(m.path)]
         if not matched:

@@ -43,6 +43,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import json
 import uuid
@@ -147,11 +148,13 @@ def _open_files_for(count: int) -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     wanted = count + 256
     if soft != resource.RLIM_INFINITY and soft < wanted:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (
-            wanted if hard == resource.RLIM_INFINITY else min(wanted, hard), hard))
+        with contextlib.suppress(ValueError, OSError):  # above what the system allows (macOS)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (
+                wanted if hard == resource.RLIM_INFINITY else min(wanted, hard), hard))
 
 
-# token of the replay being read -> path -> its messages (one job's files at a time)
+# token of the replay being read -> path -> its messages (one job's files at a time; a file
+# leaves once its last run is read)
 _READ: dict[str, dict[str, list[tuple[bytes, Source]]]] = {}
 
 
@@ -189,6 +192,8 @@ class _ExpandRuns(beam.DoFn):
         stamps.frombytes(packed)
         for offset, ms in enumerate(stamps):
             yield TimestampedValue(lines[first + offset], _stamp(ms))
+        if first + len(stamps) == len(lines):  # its last run: a retry reads the file again
+            _READ.get(self._token, {}).pop(path, None)
 
 
 class _Events:

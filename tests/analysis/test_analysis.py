@@ -219,6 +219,26 @@ def test_atomic_write_writes_into_a_pipe_in_place(tmp_path: Path) -> None:
     assert [p.name for p in tmp_path.iterdir()] == ["fifo"]
 
 
+def test_atomic_write_to_dev_stdout_appends_to_the_file_the_shell_opened(tmp_path: Path) -> None:
+    """``--out /dev/stdout >> F``: written through the descriptor, appended as the shell
+    opened it; F was replaced by a new file (what ``>>`` left there lost, and the process's
+    later output went to the deleted file)."""
+    out = tmp_path / "out.txt"
+    out.write_text("previous\n")
+    code = ("from fanin.io.files import atomic_write; "
+            "atomic_write('/dev/stdout', lambda fh: fh.write(b'new\\n')); print('after')")
+    with out.open("ab") as stdout:
+        subprocess.run([sys.executable, "-c", code], stdout=stdout, check=True, cwd=REPO)
+    assert out.read_text() == "previous\nnew\nafter\n"
+
+
+def test_atomic_write_refuses_a_folders_name(tmp_path: Path) -> None:
+    """A name ending in ``/`` names a folder (it made a file named ``newdir``)."""
+    with pytest.raises(OSError, match="cannot write"):
+        atomic_write(f"{tmp_path}/newdir/", lambda fh: fh.write(b"x"))
+    assert list(tmp_path.iterdir()) == []
+
+
 # --- BigQuery ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kind", tables.KINDS)

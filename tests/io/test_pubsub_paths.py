@@ -72,12 +72,16 @@ def test_no_credentials_is_one_line_exit_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Without the emulator's address and without Application Default Credentials the
-    resource check cannot ask: one line, exit 2 (it was a 31-line traceback, exit 1)."""
+    resource check cannot ask: one line, exit 2 (it was a 31-line traceback, exit 1). The
+    absence of credentials is injected: a CI machine on Google Cloud would have some."""
+    import google.auth
+    from google.auth.exceptions import DefaultCredentialsError
+
+    def no_credentials(*args: object, **kwargs: object) -> None:
+        raise DefaultCredentialsError("Your default credentials were not found.")
+
     monkeypatch.delenv("PUBSUB_EMULATOR_HOST", raising=False)
-    monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
-    monkeypatch.setenv("HOME", str(tmp_path))  # no gcloud credentials file there
-    monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "gcloud"))
-    monkeypatch.setenv("GCE_METADATA_HOST", "127.0.0.1:9")  # no metadata server either
+    monkeypatch.setattr(google.auth, "default", no_credentials)
     code, err = _run(capsys, "--subscription", "projects/my-project/subscriptions/xyz",
                      "--output", str(tmp_path / "out"))
     assert (code, len(err)) == (2, 1)

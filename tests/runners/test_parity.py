@@ -114,28 +114,24 @@ def test_replay_with_late_data(runner: str, request: pytest.FixtureRequest, inpu
     operator may first process lines that follow it, so such a message can still reach its
     join before the close, or reach a join already decided where the local runner started a
     fresh one. Beam allows both orders (a timer fires *some time* after the watermark passes
-    it; docs/runners.md). What must not differ: conservation (checked by ``run_fanin``), the
-    dead letters of the parse, and no message that is late even on a watermark covering the
-    input's disorder is counted on time by either runner."""
+    it; docs/runners.md). What must not differ: conservation (checked by ``run_fanin``: every
+    message in exactly one output) and the dead letters of the parse. (Which messages are
+    late is not comparable with a replay whose watermark covers the input's disorder, even on
+    the local runner: a message the join needs, arriving behind the watermark after the
+    deadline, leaves the join to close at its deadline with later messages in it, where the
+    covered replay closed it earlier and called them late.)"""
     request.getfixturevalue("prism" if runner == "prism" else "flink_jar")
     options = ("--runner=PrismRunner",) if runner == "prism" else FLINK_LOCAL
     expected = reference("mixed", "replay")
     got = run_fanin(inputs["mixed"], tmp_path / "out", "replay", *options)
     assert _parse_errors(got["dead_letter"]) == _parse_errors(expected["dead_letter"])
-    on_time = reference("mixed", "replay", *_on_time(inputs, "mixed", "replay"))
-    always_late = {_message(line) for line in on_time["late"]}
-    for late in (got["late"], expected["late"]):
-        assert always_late <= {_message(line) for line in late}
+    assert sum(got["late"].values()) > 0 and sum(expected["late"].values()) > 0  # late data
 
 
 def _parse_errors(dead_letters: Counter[str]) -> Counter[str]:
     """The dead letters the parse makes (not the join's ``undefined_join``/``join_too_large``)."""
     return Counter({line: n for line, n in dead_letters.items()
                     if json.loads(line)["error"] not in ("undefined_join", "join_too_large")})
-
-
-def _message(late: str) -> str:
-    return json.dumps(json.loads(late)["message"], sort_keys=True)
 
 
 def test_flink_cluster_replay_equals_local(flink_cluster: Cluster, inputs, reference,
