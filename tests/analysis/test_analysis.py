@@ -222,11 +222,13 @@ def test_atomic_write_writes_into_a_pipe_in_place(tmp_path: Path) -> None:
 def test_atomic_write_to_dev_stdout_appends_to_the_file_the_shell_opened(tmp_path: Path) -> None:
     """``--out /dev/stdout >> F``: written through the descriptor, appended as the shell
     opened it; F was replaced by a new file (what ``>>`` left there lost, and the process's
-    later output went to the deleted file)."""
+    later output went to the deleted file). The test names ``/proc/self/fd/1``, where
+    ``/dev/stdout`` leads: code that renames onto the path it is given (as the old code did)
+    then fails here, where it would replace the machine's ``/dev/stdout`` link."""
     out = tmp_path / "out.txt"
     out.write_text("previous\n")
     code = ("from fanin.io.files import atomic_write; "
-            "atomic_write('/dev/stdout', lambda fh: fh.write(b'new\\n')); print('after')")
+            "atomic_write('/proc/self/fd/1', lambda fh: fh.write(b'new\\n')); print('after')")
     with out.open("ab") as stdout:
         subprocess.run([sys.executable, "-c", code], stdout=stdout, check=True, cwd=REPO)
     assert out.read_text() == "previous\nnew\nafter\n"
