@@ -40,6 +40,8 @@ from referencing import Registry, Resource
 from referencing.exceptions import NoSuchResource, Unresolvable
 from referencing.jsonschema import DRAFT202012
 
+from fanin.contracts.jsonvalue import canonical
+
 __all__ = ["check_schema", "first_error", "validator_for"]
 
 _BASE = jsonschema.Draft202012Validator
@@ -118,9 +120,19 @@ def _additional_properties(validator: Any, extra: Any, instance: Any,
                 f"Additional properties are not allowed ({names} {verb} unexpected)")
 
 
+def _unique_items(validator: Any, unique: Any, instance: Any, schema: Any) -> Iterator[Any]:
+    """jsonschema's ``uniqueItems`` in time linear in the value: items compared by their
+    canonical JSON (JSON equality: ``1`` equals ``1.0``, ``true`` is not ``1``, fields in any
+    order), where jsonschema compared every pair of items it could not sort (8,000 objects
+    took a minute)."""
+    if unique and validator.is_type(instance, "array") and \
+            len({canonical(item) for item in instance}) != len(instance):
+        yield jsonschema.ValidationError(f"{instance!r} has non-unique elements")
+
+
 _Validator = validators.extend(_BASE, {
     "multipleOf": _multiple_of, "pattern": _pattern, "patternProperties": _pattern_properties,
-    "additionalProperties": _additional_properties})
+    "additionalProperties": _additional_properties, "uniqueItems": _unique_items})
 
 
 def _registry(schema: Any) -> tuple[Registry, str]:

@@ -1,6 +1,6 @@
-"""Regular expressions of contract schemas (``fanin.contracts.schemas``) run on RE2: no value
-stalls a check, patterns RE2 cannot run are refused when the contracts load, and every other
-error is jsonschema's own."""
+"""Regular expressions of contract schemas (``fanin.contracts.schemas``) run on RE2, and
+``uniqueItems`` compares canonical JSON: no value stalls a check, patterns RE2 cannot run are
+refused when the contracts load, and every other error is jsonschema's own."""
 
 from __future__ import annotations
 
@@ -21,6 +21,16 @@ def test_a_backtracking_pattern_checks_any_value_in_linear_time() -> None:
     assert first_error(validator, "a" * 40) is None
     names = validator_for({"type": "object", "propertyNames": {"pattern": BACKTRACKS}})
     assert first_error(names, {STALLS: 1}) == f"{STALLS!r} does not match {BACKTRACKS!r}"
+
+
+def test_unique_items_checks_a_large_array_in_linear_time() -> None:
+    """``uniqueItems`` on an array of objects near the message size limit (256 KiB): items
+    compared by canonical JSON (jsonschema compared every pair it could not sort: about 8
+    minutes of CPU for this value, a stalled join)."""
+    validator = validator_for({"uniqueItems": True})
+    distinct = [{"a": i} for i in range(23_000)]
+    assert first_error(validator, distinct) is None
+    assert first_error(validator, [*distinct, {"a": 22_999.0}]) is not None
 
 
 def test_property_names_are_matched_in_linear_time() -> None:
@@ -46,6 +56,11 @@ ORDINARY: list[tuple[dict[str, Any], Any]] = [
     ({"patternProperties": {"^x": {}}, "additionalProperties": False}, {"x1": 1, "b": 2}),
     ({"patternProperties": {"^x": {}}, "additionalProperties": False}, {"x1": 1, "b": 2, "c": 3}),
     ({"patternProperties": {"^x": {}}, "additionalProperties": False}, {"x1": 1}),
+    *(({"uniqueItems": True}, items) for items in (
+        [1, 1.0], [True, 1], [0, False], [None, False], [{"a": 1, "b": 2}, {"b": 2, "a": 1}],
+        [[1], [1.0]], [0.0, -0.0], [1e20, 10**20], [{"a": [1, {"x": True}]}, {"a": [1, {"x": 1}]}],
+        ["a", "b", "a"], [], "not an array")),
+    ({"uniqueItems": False}, [1, 1]),
 ]
 
 
