@@ -18,6 +18,7 @@ Guarantees:
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -201,7 +202,40 @@ def _describe(loc: tuple[Any, ...]) -> str:
 
 class _JSONLoader(yaml.SafeLoader):  # type: ignore[misc]  # yaml has no stubs here
     """YAML's safe loader that refuses a key repeated in one mapping (merge keys ``<<``
-    excepted: their keys may be overridden, as YAML defines)."""
+    excepted: their keys may be overridden, as YAML defines), with the scalars of YAML 1.2's
+    core schema, JSON's: only ``true``/``false`` are booleans (YAML 1.1 also read ``yes``,
+    ``no``, ``on``, ``off``), ``010`` is ten (1.1: eight), ``1:30`` is a string (1.1: 90) and
+    ``1e5`` a number (1.1: a string, also in a JSON file)."""
+
+    yaml_implicit_resolvers = {
+        first: [(tag, regex) for tag, regex in resolvers
+                if tag not in ("tag:yaml.org,2002:bool", "tag:yaml.org,2002:int",
+                               "tag:yaml.org,2002:float")]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+
+
+_JSONLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+    list("tTfF"))
+_JSONLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:int", re.compile(r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$"),
+    list("-+0123456789"))
+_JSONLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(
+        r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
+        r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
+    list("-+0123456789."))
+
+
+def _construct_int(loader: _JSONLoader, node: yaml.ScalarNode) -> int:
+    """YAML 1.2's integers: decimal (a leading zero is not octal), ``0o`` octal, ``0x`` hex."""
+    text = loader.construct_scalar(node)
+    if text.startswith(("0o", "0x")):
+        return int(text[2:], 8 if text[1] == "o" else 16)
+    return int(text, 10)
+
+
+_JSONLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
 
 
 def _construct_mapping(loader: _JSONLoader, node: yaml.MappingNode) -> Any:
@@ -255,7 +289,8 @@ def _load_document(text: str, origin: str) -> Any:
         problem = _not_json(document, "", set())
     except yaml.MarkedYAMLError as exc:
         where = f" (line {exc.problem_mark.line + 1})" if exc.problem_mark else ""
-        raise ContractsError(f"{origin}: not valid YAML: {exc.problem}{where}") from None
+        what = " ".join(part for part in (exc.context, exc.problem) if part)
+        raise ContractsError(f"{origin}: not valid YAML: {what}{where}") from None
     except yaml.YAMLError as exc:
         raise ContractsError(f"{origin}: not valid YAML: {exc}".replace("\n", " ")) from None
     except RecursionError:

@@ -26,6 +26,7 @@ Guarantees:
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Iterator
 from decimal import Decimal
 from fractions import Fraction
@@ -71,10 +72,15 @@ _RE2_OPTIONS = re2.Options()
 _RE2_OPTIONS.log_errors = False  # a pattern it refuses is reported once, by check_schema
 
 
+# ECMA-262's \uXXXX escape (an even number of backslashes before it), which RE2 writes \x{XXXX}
+_U_ESCAPE = re.compile(r"(?<!\\)((?:\\\\)*)\\u([0-9A-Fa-f]{4})")
+
+
 @functools.lru_cache(maxsize=4096)
 def _regex(pattern: str) -> Any:
-    """``pattern`` compiled by RE2 (``re2.error`` if it cannot run it)."""
-    return re2.compile(pattern, _RE2_OPTIONS)
+    """``pattern`` compiled by RE2 (``re2.error`` if it cannot run it), its ``\\uXXXX``
+    escapes as RE2 writes them."""
+    return re2.compile(_U_ESCAPE.sub(r"\1\\x{\2}", pattern), _RE2_OPTIONS)
 
 
 def _matches(pattern: str, text: str) -> bool:
@@ -185,8 +191,7 @@ def check_schema(schema: Any) -> None:
     validator = validator_for(schema)
     for probe in _PROBES:  # a $ref cycle that consumes nothing of the value never ends
         if _errors(validator, probe) is _ENDLESS:
-            raise ValueError(f"the schema refers to itself without end on {probe!r} "
-                             "(a $ref cycle)")
+            raise ValueError("the schema refers to itself without end (a $ref cycle)")
 
 
 def _check_regexes(schema: Any) -> None:

@@ -164,7 +164,13 @@ def test_contracts_file_errors_name_file_contract_and_field(tmp_path: object) ->
         "contracts:\n  - name: a\n    schemas: {k: {properties: {1: {}}}}\n":
             "contracts[0].schemas.k.properties: key 1 is not a string",
         # a $ref cycle that never reaches the value: every check would recurse for ever
-        "contracts:\n  - name: a\n    schemas: {k: {$ref: '#'}}\n": "refers to itself without end",
+        "contracts:\n  - name: a\n    schemas: {k: {$ref: '#'}}\n":
+            "refers to itself without end (a $ref cycle)",  # it said "on None"
+        # a second document: PyYAML's whole reason (its first half was dropped)
+        "contracts: []\n---\n": "not valid YAML: expected a single document in the stream but "
+            "found another document (line 2)",
+        # YAML 1.1's booleans are strings in YAML 1.2, JSON's
+        "contracts:\n  - name: a\n    allow_partial: yes\n": "field allow_partial",
         "contracts:\n  - name: a\n    schemas: {k: {$defs: {r: {$ref: '#/$defs/r'}}, "
         "$ref: '#/$defs/r'}}\n": "(a $ref cycle)",
         # nesting beyond what can be read
@@ -177,6 +183,21 @@ def test_contracts_file_errors_name_file_contract_and_field(tmp_path: object) ->
         assert str(info.value).startswith("c.yaml: ") and expected in str(info.value)
     with pytest.raises(ContractsError, match="cannot read"):
         load_contracts(str(tmp_path) + "/missing.yaml")
+
+
+def test_scalars_are_yaml_1_2s_as_in_json() -> None:
+    """docs/spec.md §6: the contracts file's scalars are YAML 1.2's core schema, JSON's (PyYAML
+    reads YAML 1.1: ``yes`` a boolean, ``010`` eight, ``1:30`` ninety, and ``1e5`` a string,
+    also in a JSON file: an enum of numbers then held strings)."""
+    text = ("contracts:\n  - name: a\n    deadline_s: 010\n    schemas:\n"
+            "      k: {enum: [yes, no, on, off, true, False, 1:30, 1e5, 2.5E3, 0o10, 0x1F, -.5]}\n")
+    found = parse_contracts(text, origin="c.yaml")["a"]
+    assert found.deadline_s == 10
+    assert found.schemas["k"]["enum"] == ["yes", "no", "on", "off", True, False, "1:30",
+                                          100000.0, 2500.0, 8, 31, -0.5]
+    as_json = '{"contracts": [{"name": "j", "schemas": {"k": {"enum": [1e5, 2.5E3, -1E-2]}}}]}'
+    assert parse_contracts(as_json, origin="c.json")["j"].schemas["k"]["enum"] == \
+        [100000.0, 2500.0, -0.01]
 
 
 def test_merge_keys_and_aliases_still_load() -> None:
