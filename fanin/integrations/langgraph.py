@@ -11,7 +11,8 @@ Mapping (``docs/integrations.md``):
   nodes it ``Send``s to and its ``Command(goto=...)`` targets (plus ``destinations=`` declared
   with ``add_node``). Two or more (``END`` not counted) make a fan-out: one join is opened with
   all of them required; ``Send`` packets are branches ``node/0``, ``node/1``, ... in the order
-  ``X`` sent them. A static fan-out from ``START`` opens when the run's first task starts.
+  ``X`` sent them. A fan-out from ``START`` opens when ``START``'s task ends, as for any node
+  (a run whose callbacks show no ``START`` task: its static edges when the first task starts).
 - **Route not taken -> skip.** Each mapped target that ``X``'s conditional edges (and goto) did
   not choose is skipped at once.
 - **Branch run -> receipt.** Each task of the next super-step that ``X`` triggered reports one

@@ -9,11 +9,13 @@ filesystems (``gs://...``) are written through ``FileSystems`` (create, then ren
 the temporary file is removed and the error re-raised.
 
 A local ``path`` is the file it names: a symbolic link is followed, and its target (a regular
-file, or none yet) is replaced atomically, the link kept. A path that is not a regular file (a
-pipe, a terminal, a device), or that reaches a file through a process's descriptor
-(``/dev/stdout``, ``/dev/fd/N``, ``/proc/.../fd/N``: a file the shell opened with ``>`` or
-``>>``), is written in place, appended to as the shell opened it, and never replaced by a file
-(nothing is atomic there). A name ending in ``/`` is a folder's, refused.
+file, or none yet) is replaced atomically, the link kept. A descriptor of this process
+(``/dev/stdout``, ``/dev/fd/N``, ``/proc/self/fd/N``, also through links) is written through
+that very descriptor, as the shell's ``>`` writes it: output lands where the shell's own
+writes before and after it expect it. Any other path that is not a regular file (a pipe, a
+terminal, a device, another process's descriptor) is written in place, appended to. Neither
+is ever replaced by a file (nothing is atomic there). A name ending in ``/`` is a folder's,
+refused.
 
 ``atomic_move(source, path)`` puts a complete file written earlier (by ``atomic_write``) in
 place under the name ``path`` with one rename (``path`` itself: a link there is replaced),
@@ -25,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import stat
 import uuid
 from collections.abc import Callable
@@ -45,6 +48,11 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[BinaryIO], objec
         return
     tmp = None
     try:
+        descriptor = _own_descriptor(name)
+        if descriptor is not None:  # the very descriptor, its offset shared with the shell
+            with os.fdopen(os.dup(descriptor), "wb") as handle:
+                write(handle)
+            return
         target = _local_target(name)
         if target is None:  # appended to: a file behind /dev/stdout keeps what >> left there
             with open(name, "ab") as handle:
@@ -89,6 +97,26 @@ def _local_target(name: str) -> str | None:
 
 
 _DESCRIPTORS = ("/dev/stdin", "/dev/stdout", "/dev/stderr", "/dev/fd/", "/proc/")
+_STANDARD = {"/dev/stdin": 0, "/dev/stdout": 1, "/dev/stderr": 2}
+_FD = re.compile(r"/(?:dev/fd|proc/self/fd|proc/(\d+)/fd)/(\d+)")
+
+
+def _own_descriptor(name: str) -> int | None:
+    """The descriptor of this process that ``name`` (or a symbolic link on its way) names:
+    ``/dev/stdout``, ``/dev/fd/N``, ``/proc/self/fd/N``; else None. Written through it (not
+    reopened), output lands where the shell's own writes around it expect it."""
+    path = os.path.abspath(name)
+    for _ in range(40):  # the kernel's own limit of links followed
+        if path in _STANDARD:
+            return _STANDARD[path]
+        found = _FD.fullmatch(path)
+        if found:
+            pid, number = found.groups()
+            return int(number) if pid is None or int(pid) == os.getpid() else None
+        if not os.path.islink(path):
+            return None
+        path = os.path.normpath(os.path.join(os.path.dirname(path), os.readlink(path)))
+    return None
 
 
 def _through_a_descriptor(name: str) -> bool:

@@ -335,8 +335,9 @@ class ReadMessages(beam.PTransform[PBegin, PCollection[Any]]):
         if kind == "topic":
             _LOG.warning("fanin: reading %s through a subscription made for this run and "
                          "deleted when it ends: messages published while no run reads it "
-                         "(before this one starts, after it stops) are not received; read a "
-                         "subscription (--subscription) to lose none", name)
+                         "(before this one starts, after it stops) or not yet pulled when it "
+                         "stops are not received; read a subscription (--subscription) to "
+                         "lose none", name)
         if _on_local_direct_runner(pbegin.pipeline):
             read: beam.PTransform[PBegin, PCollection[Any]] = DrainableLocalRead(
                 self.drain, self._subscription, self._topic)

@@ -234,6 +234,19 @@ def test_atomic_write_to_dev_stdout_appends_to_the_file_the_shell_opened(tmp_pat
     assert out.read_text() == "previous\nnew\nafter\n"
 
 
+def test_atomic_write_to_a_descriptor_writes_where_the_shell_expects_it(tmp_path: Path) -> None:
+    """``{ echo header; fanin query ... --out /dev/stdout; echo footer; } > F``: the output is
+    written through the process's own descriptor, its offset shared with the shell's writes
+    (reopened, it was written at the file's end and the shell's next write overwrote it)."""
+    out = tmp_path / "grp.txt"
+    code = ("import os; from fanin.io.files import atomic_write; os.write(1, b'header\\n'); "
+            "atomic_write('/proc/self/fd/1', lambda fh: fh.write(b'x\\n1\\n')); "
+            "os.write(1, b'footer\\n')")
+    with out.open("wb") as stdout:
+        subprocess.run([sys.executable, "-c", code], stdout=stdout, check=True, cwd=REPO)
+    assert out.read_text() == "header\nx\n1\nfooter\n"
+
+
 def test_atomic_write_refuses_a_folders_name(tmp_path: Path) -> None:
     """A name ending in ``/`` names a folder (it made a file named ``newdir``)."""
     with pytest.raises(OSError, match="cannot write"):
