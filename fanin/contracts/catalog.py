@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -204,13 +205,14 @@ class _JSONLoader(yaml.SafeLoader):  # type: ignore[misc]  # yaml has no stubs h
     """YAML's safe loader that refuses a key repeated in one mapping (merge keys ``<<``
     excepted: their keys may be overridden, as YAML defines), with the scalars of YAML 1.2's
     core schema, JSON's: only ``true``/``false`` are booleans (YAML 1.1 also read ``yes``,
-    ``no``, ``on``, ``off``), ``010`` is ten (1.1: eight), ``1:30`` is a string (1.1: 90) and
-    ``1e5`` a number (1.1: a string, also in a JSON file)."""
+    ``no``, ``on``, ``off``), ``010`` is ten (1.1: eight), ``1:30`` and ``2026-01-01`` are
+    strings (1.1: 90 and a date) and ``1e5`` a number (1.1: a string, also in a JSON file)."""
 
     yaml_implicit_resolvers = {
         first: [(tag, regex) for tag, regex in resolvers
                 if tag not in ("tag:yaml.org,2002:bool", "tag:yaml.org,2002:int",
-                               "tag:yaml.org,2002:float")]
+                               "tag:yaml.org,2002:float", "tag:yaml.org,2002:timestamp",
+                               "tag:yaml.org,2002:value")]
         for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
 
 
@@ -230,9 +232,12 @@ _JSONLoader.add_implicit_resolver(
 def _construct_int(loader: _JSONLoader, node: yaml.ScalarNode) -> int:
     """YAML 1.2's integers: decimal (a leading zero is not octal), ``0o`` octal, ``0x`` hex."""
     text = loader.construct_scalar(node)
-    if text.startswith(("0o", "0x")):
-        return int(text[2:], 8 if text[1] == "o" else 16)
-    return int(text, 10)
+    if not text.startswith(("0o", "0x")):
+        return int(text, 10)  # Python's limit of 4,300 digits applies (named on load)
+    value = int(text[2:], 8 if text[1] == "o" else 16)
+    if value.bit_length() > sys.get_int_max_str_digits() * 10 // 3:  # as many digits, about
+        raise ValueError("Exceeds the limit (4300 digits) for integer string conversion")
+    return value
 
 
 _JSONLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
@@ -293,6 +298,9 @@ def _load_document(text: str, origin: str) -> Any:
         raise ContractsError(f"{origin}: not valid YAML: {what}{where}") from None
     except yaml.YAMLError as exc:
         raise ContractsError(f"{origin}: not valid YAML: {exc}".replace("\n", " ")) from None
+    except KeyError as exc:  # an explicit tag's value its constructor cannot read (!!bool x)
+        raise ContractsError(f"{origin}: not valid YAML: cannot read {exc} as the value its "
+                             "tag names") from None
     except RecursionError:
         raise ContractsError(f"{origin}: nested too deeply") from None
     except ValueError as exc:  # YAML's int() of a number of more than 4,300 digits

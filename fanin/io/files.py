@@ -30,7 +30,7 @@ import os
 import re
 import stat
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -48,13 +48,16 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[BinaryIO], objec
         return
     tmp = None
     try:
-        descriptor = _own_descriptor(name)
+        if not name or name.endswith("/"):
+            raise IsADirectoryError(errno.EISDIR, "not a file name", name)
+        hops = list(_hops(name))
+        descriptor = next((d for d in map(_own_descriptor, hops) if d is not None), None)
         if descriptor is not None:  # the very descriptor, its offset shared with the shell
             with os.fdopen(os.dup(descriptor), "wb") as handle:
                 write(handle)
             return
-        target = _local_target(name)
-        if target is None:  # appended to: a file behind /dev/stdout keeps what >> left there
+        target = _local_target(name, hops)
+        if target is None:  # a pipe, a device, another process's descriptor: appended to
             with open(name, "ab") as handle:
                 write(handle)
             return
@@ -80,55 +83,48 @@ def _temporary(name: str) -> str:
     return f"{folder}{slash}.{base}.tmp-{uuid.uuid4().hex}"
 
 
-def _local_target(name: str) -> str | None:
+def _local_target(name: str, hops: list[str]) -> str | None:
     """The regular file to replace for the local path ``name`` (a symbolic link's target), or
-    None when ``name`` is written in place (see the module docstring)."""
-    if not name or name.endswith("/"):
-        raise IsADirectoryError(errno.EISDIR, "not a file name", name)
+    None when ``name`` is written in place (see the module docstring); ``hops``: ``_hops``."""
     try:
-        mode = os.stat(name).st_mode  # follows links, also /dev/stdout's
+        mode = os.stat(name).st_mode  # follows links
     except FileNotFoundError:  # a new file (or a link to none yet: its target)
         return os.path.realpath(name)
     if stat.S_ISDIR(mode):
         raise IsADirectoryError(errno.EISDIR, "not a file name", name)
-    if not stat.S_ISREG(mode) or _through_a_descriptor(name):
+    if not stat.S_ISREG(mode) or any(hop.startswith(_DESCRIPTORS) for hop in hops):
         return None
     return os.path.realpath(name)
 
 
 _DESCRIPTORS = ("/dev/stdin", "/dev/stdout", "/dev/stderr", "/dev/fd/", "/proc/")
 _STANDARD = {"/dev/stdin": 0, "/dev/stdout": 1, "/dev/stderr": 2}
-_FD = re.compile(r"/(?:dev/fd|proc/self/fd|proc/(\d+)/fd)/(\d+)")
+_FD = re.compile(r"/(?:dev/fd|proc/(?:self|thread-self|(\d+))(?:/task/\d+)?/fd)/(\d+)")
 
 
-def _own_descriptor(name: str) -> int | None:
-    """The descriptor of this process that ``name`` (or a symbolic link on its way) names:
-    ``/dev/stdout``, ``/dev/fd/N``, ``/proc/self/fd/N``; else None. Written through it (not
+def _hops(name: str) -> Iterator[str]:
+    """The paths ``name`` leads through: itself (its folders' links resolved), then each
+    symbolic link's target in turn (at most 40, the kernel's own limit)."""
+    path = os.path.abspath(name)
+    for _ in range(40):
+        path = os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
+        yield path
+        if not os.path.islink(path):
+            return
+        path = os.path.join(os.path.dirname(path), os.readlink(path))
+
+
+def _own_descriptor(path: str) -> int | None:
+    """The descriptor of this process that the path names (``/dev/stdout``, ``/dev/fd/N``,
+    ``/proc/self/fd/N``, ``/proc/<this pid>/fd/N``), else None: written through it (not
     reopened), output lands where the shell's own writes around it expect it."""
-    path = os.path.abspath(name)
-    for _ in range(40):  # the kernel's own limit of links followed
-        if path in _STANDARD:
-            return _STANDARD[path]
-        found = _FD.fullmatch(path)
-        if found:
-            pid, number = found.groups()
-            return int(number) if pid is None or int(pid) == os.getpid() else None
-        if not os.path.islink(path):
-            return None
-        path = os.path.normpath(os.path.join(os.path.dirname(path), os.readlink(path)))
-    return None
-
-
-def _through_a_descriptor(name: str) -> bool:
-    """Whether ``name``, or a symbolic link on its way, is a process's file descriptor."""
-    path = os.path.abspath(name)
-    for _ in range(40):  # the kernel's own limit of links followed
-        if path.startswith(_DESCRIPTORS):
-            return True
-        if not os.path.islink(path):
-            return False
-        path = os.path.normpath(os.path.join(os.path.dirname(path), os.readlink(path)))
-    return False
+    if path in _STANDARD:
+        return _STANDARD[path]
+    found = _FD.fullmatch(path)
+    if found is None:
+        return None
+    pid, number = found.groups()
+    return int(number) if pid is None or int(pid) == os.getpid() else None
 
 
 def atomic_move(source: str, path: str) -> None:

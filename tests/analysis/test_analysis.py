@@ -234,13 +234,21 @@ def test_atomic_write_to_dev_stdout_appends_to_the_file_the_shell_opened(tmp_pat
     assert out.read_text() == "previous\nnew\nafter\n"
 
 
-def test_atomic_write_to_a_descriptor_writes_where_the_shell_expects_it(tmp_path: Path) -> None:
+@pytest.mark.parametrize("via", ["/proc/self/fd/1", "so", "d/1", "d/../d/1"])
+def test_atomic_write_to_a_descriptor_writes_where_the_shell_expects_it(
+        tmp_path: Path, via: str) -> None:
     """``{ echo header; fanin query ... --out /dev/stdout; echo footer; } > F``: the output is
     written through the process's own descriptor, its offset shared with the shell's writes
-    (reopened, it was written at the file's end and the shell's next write overwrote it)."""
+    (reopened, it was written at the file's end and the shell's next write overwrote it), also
+    reached through a link (``so`` -> /dev/stdout) or a linked folder (``d`` -> /dev/fd; the
+    folder's link was missed and F replaced). Code that renames onto what the path resolves
+    to replaces F here, never a file of the machine."""
+    (tmp_path / "so").symlink_to("/dev/stdout")
+    (tmp_path / "d").symlink_to("/dev/fd")
     out = tmp_path / "grp.txt"
+    name = via if via.startswith("/") else str(tmp_path / via)
     code = ("import os; from fanin.io.files import atomic_write; os.write(1, b'header\\n'); "
-            "atomic_write('/proc/self/fd/1', lambda fh: fh.write(b'x\\n1\\n')); "
+            f"atomic_write({name!r}, lambda fh: fh.write(b'x\\n1\\n')); "
             "os.write(1, b'footer\\n')")
     with out.open("wb") as stdout:
         subprocess.run([sys.executable, "-c", code], stdout=stdout, check=True, cwd=REPO)
@@ -248,10 +256,13 @@ def test_atomic_write_to_a_descriptor_writes_where_the_shell_expects_it(tmp_path
 
 
 def test_atomic_write_refuses_a_folders_name(tmp_path: Path) -> None:
-    """A name ending in ``/`` names a folder (it made a file named ``newdir``)."""
-    with pytest.raises(OSError, match="cannot write"):
-        atomic_write(f"{tmp_path}/newdir/", lambda fh: fh.write(b"x"))
-    assert list(tmp_path.iterdir()) == []
+    """A name ending in ``/`` names a folder (it made a file named ``newdir``), also where it
+    leads to a descriptor."""
+    (tmp_path / "err").symlink_to("/dev/stdout")
+    for name in (f"{tmp_path}/newdir/", f"{tmp_path}/err/"):
+        with pytest.raises(OSError, match="cannot write"):
+            atomic_write(name, lambda fh: fh.write(b"x"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["err"]
 
 
 # --- BigQuery ------------------------------------------------------------------------------

@@ -157,8 +157,14 @@ def test_contracts_file_errors_name_file_contract_and_field(tmp_path: object) ->
         # values JSON cannot hold
         "contracts:\n  - name: a\n    schemas: {k: {maximum: .nan}}\n":
             "not JSON: contracts[0].schemas.k.maximum: nan is not a JSON number",
-        "contracts:\n  - name: a\n    schemas: {k: {enum: [2020-01-01]}}\n":
+        "contracts:\n  - name: a\n    schemas: {k: {enum: [!!timestamp 2020-01-01]}}\n":
             "not JSON: contracts[0].schemas.k.enum[0]: a date is not a JSON value",
+        # an explicit tag's value its constructor cannot read (a KeyError traceback)
+        "contracts:\n  - name: a\n    schemas: {k: {const: !!bool maybe}}\n":
+            "not valid YAML: cannot read 'maybe' as the value its tag names",
+        # a hexadecimal integer of more than 4,300 digits (a raw Python error, later)
+        "contracts:\n  - name: a\n    schemas: {k: {const: 0x" + "f" * 4000 + "}}\n":
+            "not valid YAML: an integer of more than 4,300 digits",
         "contracts:\n  - name: a\n    schemas: {k: {const: !!binary aGk=}}\n":
             "a bytes is not a JSON value",
         "contracts:\n  - name: a\n    schemas: {k: {properties: {1: {}}}}\n":
@@ -190,11 +196,12 @@ def test_scalars_are_yaml_1_2s_as_in_json() -> None:
     reads YAML 1.1: ``yes`` a boolean, ``010`` eight, ``1:30`` ninety, and ``1e5`` a string,
     also in a JSON file: an enum of numbers then held strings)."""
     text = ("contracts:\n  - name: a\n    deadline_s: 010\n    schemas:\n"
-            "      k: {enum: [yes, no, on, off, true, False, 1:30, 1e5, 2.5E3, 0o10, 0x1F, -.5]}\n")
+            "      k: {enum: [yes, no, on, off, true, False, 1:30, 1e5, 2.5E3, 0o10, 0x1F, -.5,"
+            " 2026-01-01, =]}\n")
     found = parse_contracts(text, origin="c.yaml")["a"]
     assert found.deadline_s == 10
     assert found.schemas["k"]["enum"] == ["yes", "no", "on", "off", True, False, "1:30",
-                                          100000.0, 2500.0, 8, 31, -0.5]
+                                          100000.0, 2500.0, 8, 31, -0.5, "2026-01-01", "="]
     as_json = '{"contracts": [{"name": "j", "schemas": {"k": {"enum": [1e5, 2.5E3, -1E-2]}}}]}'
     assert parse_contracts(as_json, origin="c.json")["j"].schemas["k"]["enum"] == \
         [100000.0, 2500.0, -0.01]
