@@ -161,16 +161,19 @@ def choose_runner(config: RunConfig, options: PipelineOptions) -> str:
     return "BundleBasedDirectRunner" if config.streaming else "FnApiRunner"
 
 
+# every name of a runner Beam knows (its module path, its class name), lower case -> the class
+_KNOWN_RUNNERS = {spelling.lower(): path.rsplit(".", 1)[-1]
+                  for path in StandardOptions.ALL_KNOWN_RUNNERS
+                  for spelling in (path, path.rsplit(".", 1)[-1])}
+
+
 def runner_class_name(name: str) -> str:
     """A runner Beam knows, by any name Beam accepts for it (``dataflow``, ``dataflowrunner``,
     ``DataflowRunner``, its module path), as its class name (``DataflowRunner``), which every
     check of a runner compares with; any other name (a module path to another runner class)
     as given."""
-    known: dict[str, str] = {}
-    for path in StandardOptions.ALL_KNOWN_RUNNERS:
-        known[path.lower()] = known[path.rsplit(".", 1)[-1].lower()] = path.rsplit(".", 1)[-1]
     lower = name.lower()
-    return known.get(lower) or known.get(f"{lower}runner") or name
+    return _KNOWN_RUNNERS.get(lower) or _KNOWN_RUNNERS.get(f"{lower}runner") or name
 
 
 def runner_in(beam_args: Sequence[str]) -> str | None:
