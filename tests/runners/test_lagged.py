@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 from spec.invariants import check_run, read_output_dir
-from spec.joins import CONTRACTS, CONTRACTS_YAML, J28, RandomDraw, batch_lines
+from spec.joins import CONTRACTS_YAML, J28, RandomDraw, batch_lines
 from spec.reference import Env
 from spec.runs import arrival_order, assert_same
 
@@ -42,7 +42,7 @@ GENERATED_JOINS = 25  # j0..j24: none is J28's join
 
 
 def _env(limit: int | None) -> Env:
-    return Env(CONTRACTS) if limit is None else Env(CONTRACTS, max_messages_per_join=limit)
+    return Env(CONTRACTS_YAML, max_messages_per_join=100_000 if limit is None else limit)
 
 
 def _lagged_replay(runner: tuple[str, ...], folder: Path, limit: int | None, lag_s: float

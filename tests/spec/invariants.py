@@ -28,8 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fanin.contracts.timefmt import parse_rfc3339
-from spec.reference import rfc3339
+from spec.reference import epoch_ms, rfc3339
 
 __all__ = ["KINDS", "check_run", "read_output_dir"]
 
@@ -55,7 +54,7 @@ def _message(line: bytes) -> tuple[str, int] | None:
     try:
         obj = json.loads(line)
         stamp = obj["opened_at"] if obj.get("kind") == "open" else obj["event_time"]
-        return obj["join_id"], parse_rfc3339(stamp)
+        return obj["join_id"], epoch_ms(stamp)
     except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
         return None
 
@@ -63,7 +62,7 @@ def _message(line: bytes) -> tuple[str, int] | None:
 def _late_problem(late: dict[str, Any], time: int, close: dict[str, Any], eager: bool
                   ) -> str | None:
     """What is wrong with ``late`` (of a message at ``time``) as a late line of ``close``."""
-    deadline, closed = parse_rfc3339(close["deadline"]), parse_rfc3339(close["closed_at"])
+    deadline, closed = epoch_ms(close["deadline"]), epoch_ms(close["closed_at"])
     expected = "after_deadline" if time > deadline else "after_close"
     if late["close_reason"] != close["reason"]:
         return f"late close_reason {late['close_reason']}, the close's is {close['reason']}: " \
@@ -84,7 +83,7 @@ def check_run(inputs: Sequence[str | bytes], outputs: dict[str, list[dict[str, A
     closes = outputs["closes"]
     by_join: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for close in closes:
-        opened, closed, deadline = (parse_rfc3339(close[f]) for f in
+        opened, closed, deadline = (epoch_ms(close[f]) for f in
                                     ("opened_at", "closed_at", "deadline"))
         assert closed <= deadline, f"closed_at after deadline: {close}"
         assert opened <= closed, f"closed_at before opened_at: {close}"
@@ -123,7 +122,7 @@ def check_run(inputs: Sequence[str | bytes], outputs: dict[str, list[dict[str, A
         joined = by_join.get(join_id)
         assert joined, f"{len(times)} message(s) of join {join_id!r} are in no output"
         for time in times:
-            assert any(max(time, parse_rfc3339(c["opened_at"])) <= parse_rfc3339(c["closed_at"])
+            assert any(max(time, epoch_ms(c["opened_at"])) <= epoch_ms(c["closed_at"])
                        for c in joined), \
                 f"join {join_id!r}: a counted message at {rfc3339(time)} is after closed_at " \
                 f"{joined[0]['closed_at']}"

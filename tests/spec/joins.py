@@ -17,10 +17,9 @@ from typing import Any, Protocol
 
 from hypothesis import strategies as st
 
-from fanin.contracts.catalog import parse_contracts
-from spec.reference import rfc3339
+from spec.reference import read_contracts, rfc3339
 
-__all__ = ["CONTRACTS", "CONTRACTS_YAML", "J28", "Draw", "HypothesisDraw", "RandomDraw",
+__all__ = ["CONTRACTS_YAML", "J28", "Draw", "HypothesisDraw", "RandomDraw",
            "batch_lines", "join_messages"]
 
 CONTRACTS_YAML = """\
@@ -56,8 +55,7 @@ contracts:
     deadline_s: 10
     retention_s: 5
 """
-CONTRACTS = parse_contracts(CONTRACTS_YAML)
-NAMES = sorted(CONTRACTS)
+NAMES = sorted(read_contracts(CONTRACTS_YAML))
 BRANCHES = ["a", "b", "o", "r/x", "r/y", "r/z", "rx", "u"]
 SKIP_PATHS = ["r", "a", "r/x", "o", "u", "r/z"]
 VALUES: list[Any] = [1, 2, 1.0, "x", 0.5, 7, None, [1], {"v": 1}, True, "é\u2028"]

@@ -1,9 +1,11 @@
 """An executable reference of docs/spec.md §2-§4 (and the close object of §5).
 
 Written to be read, not to be fast: every decision recomputes the join's definition and the
-reducer from scratch over a plain list of messages. It shares no code with ``fanin`` beyond
-parsing (``parse_message`` validates a line and gives its typed fields) and the contracts
-loader (``Contract`` models, ``JoinDefaults``).
+reducer from scratch over a plain list of messages. It shares no code with ``fanin``: it reads
+messages by its own reading of §1's table (``read_message``: the standard ``json`` module and
+``datetime``), the contracts file with ``yaml.safe_load`` (``read_contracts``: the plain files
+the tests use) and its defaults from §2; it checks JSON Schemas with the ``jsonschema``
+package directly.
 
 The model, for one join, in event-time order (an open at its ``opened_at``; ties: opens first,
 then the message text, which is also the order of a replay file sorted by event time):
@@ -27,7 +29,10 @@ Rules cite docs/spec.md; readings taken where it leaves room are marked ``READIN
 
 from __future__ import annotations
 
+import functools
 import json
+import math
+import re
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -36,18 +41,17 @@ from fractions import Fraction
 from typing import Any
 
 import jsonschema
+import yaml
 
-from fanin.contracts import records as R
-from fanin.contracts.catalog import Contract, JoinDefaults
-from fanin.contracts.parsing import parse_message
-
-__all__ = ["Env", "Msg", "definition", "join_outputs", "parse_lines", "reduce",
-           "reference_outputs", "rfc3339"]
+__all__ = ["Contract", "Defaults", "Env", "Msg", "definition", "epoch_ms", "join_outputs",
+           "parse_lines", "read_contracts", "read_message", "reduce", "reference_outputs",
+           "rfc3339"]
 
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 # the latest instant an output can show: 9999-12-31T23:59:59.999Z
 LAST_MS = (datetime(9999, 12, 31, 23, 59, 59, 999000, tzinfo=timezone.utc) - EPOCH) // \
     timedelta(milliseconds=1)
+FIRST_MS = (datetime(1, 1, 1, tzinfo=timezone.utc) - EPOCH) // timedelta(milliseconds=1)
 
 
 def rfc3339(ms: int) -> str:
@@ -123,41 +127,229 @@ class Msg:
         return (self.status, self.key, json_key(self.value), self.error)
 
 
-def _msg(line: int, raw: str, rec: R.Record) -> Msg:
-    obj = json.loads(raw)
-    common = dict(line=line, raw=raw, obj=obj, join_id=rec[R.JOIN_ID], time=rec[R.TIME],
-                  contract=rec[R.CONTRACT], run_id=rec[R.RUN_ID], message_id=rec[R.MESSAGE_ID])
-    if rec[R.KIND] == R.OPEN:
-        def opt(name: str) -> Any:
-            return obj.get(name)
-        required = None if opt("required") is None else frozenset(opt("required"))
-        optional = None if opt("optional") is None else frozenset(opt("optional"))
-        deadline_s = opt("deadline_s")
-        fields = {"kind": "open", "join_id": rec[R.JOIN_ID], "opened_at": rfc3339(rec[R.TIME]),
-                  "contract": opt("contract"),
-                  "required": None if required is None else sorted(required),
-                  "optional": None if optional is None else sorted(optional),
-                  "deadline_s": deadline_s, "allow_partial": opt("allow_partial"),
-                  "fail_fast": opt("fail_fast")}
+# ---------------------------------------------------------------------------- §1 messages
+MAX_BYTES = 256 * 1024  # §1: the default size limit
+MAX_DEPTH = 64  # §1: objects and arrays nested, the message itself included
+_TIME = re.compile(r"(\d{4})-(\d\d)-(\d\d)[Tt](\d\d):(\d\d):(\d\d)(\.\d+)?"
+                   r"(?:[Zz]|([+-])(\d\d):(\d\d))", re.ASCII)
+STATUSES = ("ok", "error", "timeout", "skipped")
+
+
+class Refused(ValueError):
+    """A message §1 refuses; ``args[0]`` is its dead-letter code."""
+
+
+def epoch_ms(text: str) -> int:
+    """§1 Times: an RFC 3339 date-time as epoch milliseconds (UTC, truncated; ``:60`` is
+    ``:59.999``; years 0001-9999 as UTC instants). Raises ``ValueError``."""
+    match = _TIME.fullmatch(text)
+    if match is None:
+        raise ValueError(f"not an RFC 3339 date-time: {text!r}")
+    year, month, day, hour, minute, second = (int(g) for g in match.group(1, 2, 3, 4, 5, 6))
+    millis = int((match.group(7) or ".")[1:4].ljust(3, "0"))
+    if second == 60:
+        second, millis = 59, 999
+    local = datetime(year, month, day, hour, minute, second)  # ValueError on a bad date/time
+    offset = timedelta(0)
+    if match.group(8):
+        hours, minutes = int(match.group(9)), int(match.group(10))
+        if hours > 23 or minutes > 59:
+            raise ValueError("zone offset out of range")
+        offset = timedelta(hours=hours, minutes=minutes) * (1 if match.group(8) == "+" else -1)
+    ms = (local - datetime(1970, 1, 1) - offset) // timedelta(milliseconds=1) + millis
+    if not FIRST_MS <= ms <= LAST_MS:
+        raise ValueError("outside years 0001-9999 in UTC")
+    return ms
+
+
+def _no_repeats(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    names = [name for name, _ in pairs]
+    if len(set(names)) != len(names):
+        raise Refused("invalid_json")
+    return dict(pairs)
+
+
+def _refuse_constant(name: str) -> Any:
+    raise Refused("invalid_json")  # NaN, Infinity, -Infinity
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise Refused("invalid_json")  # 1e400 overflows a double
+    return value
+
+
+def _depth_and_text_ok(value: Any, depth: int = 1) -> bool:
+    """At most ``MAX_DEPTH`` objects/arrays nested, and every text UTF-8 (no lone
+    surrogate)."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return False
+        return True
+    if isinstance(value, (dict, list)):
+        if depth > MAX_DEPTH:
+            return False
+        items = [*value, *value.values()] if isinstance(value, dict) else value
+        return all(_depth_and_text_ok(item, depth + 1) for item in items)
+    return True
+
+
+def _decode(line: str | bytes, max_bytes: int) -> tuple[str, Any]:
+    """§1 Dead letters, up to the object: the text and its JSON value."""
+    data = line.encode("utf-8", "surrogatepass") if isinstance(line, str) else line
+    if len(data) > max_bytes:
+        raise Refused("too_large")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise Refused("not_utf8") from None
+    try:
+        value = json.loads(text, object_pairs_hook=_no_repeats, parse_constant=_refuse_constant,
+                           parse_float=_finite)
+    except (ValueError, RecursionError) as exc:  # also an integer beyond 4,300 digits
+        raise Refused(exc.args[0] if isinstance(exc, Refused) else "invalid_json") from None
+    if not _depth_and_text_ok(value):
+        raise Refused("invalid_json")
+    return text, value
+
+
+def _field(obj: dict[str, Any], name: str, required: bool, ok: Any) -> Any:
+    """A field of §1's table: null is absent; a required one must be there; ``ok(value)``."""
+    value = obj.get(name)
+    if value is None:
+        if required:
+            raise Refused("invalid_message")
+        return None
+    if not ok(value):
+        raise Refused("invalid_message")
+    return value
+
+
+def _text(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+def _name(value: Any) -> bool:
+    return isinstance(value, str) and value != ""
+
+
+def _names(value: Any) -> bool:
+    return isinstance(value, list) and all(_name(item) for item in value)
+
+
+def _time(value: Any) -> bool:
+    if not isinstance(value, str):
+        return False
+    try:
+        epoch_ms(value)
+    except ValueError:
+        return False
+    return True
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def read_message(line: int, data: str | bytes, contracts: dict[str, Contract],
+                 max_bytes: int = MAX_BYTES) -> Msg:
+    """One input line as §1 reads it; raises ``Refused`` with its dead-letter code."""
+    raw, obj = _decode(data, max_bytes)
+    if not isinstance(obj, dict):
+        raise Refused("not_object")
+    kind = obj.get("kind")
+    if kind not in (None, "open", "receipt"):
+        raise Refused("invalid_message")
+    join_id = _field(obj, "join_id", True, lambda v: _name(v) and len(v) <= 256)
+    contract = _field(obj, "contract", False, _name)
+    ids = {name: _field(obj, name, False, _text) for name in ("run_id", "message_id")}
+    common = dict(line=line, raw=raw, obj=obj, join_id=join_id, contract=contract, **ids)
+    if kind == "open":
+        opened = epoch_ms(_field(obj, "opened_at", True, _time))
+        required, optional = (_field(obj, name, False, _names) for name in
+                              ("required", "optional"))
+        deadline_s = _field(obj, "deadline_s", False, lambda v: _number(v) and v > 0)
+        flags = {name: _field(obj, name, False, lambda v: isinstance(v, bool))
+                 for name in ("allow_partial", "fail_fast")}
+        if required and optional and set(required) & set(optional):
+            raise Refused("invalid_message")
+        if contract is not None and contract not in contracts:
+            raise Refused("unknown_contract")
+        fields = {"kind": "open", "join_id": join_id, "opened_at": rfc3339(opened),
+                  "contract": contract,
+                  "required": None if required is None else sorted(set(required)),
+                  "optional": None if optional is None else sorted(set(optional)),
+                  "deadline_s": deadline_s, **flags}
         fields = {name: v for name, v in fields.items() if v is not None}
-        return Msg(kind="open", required=required, optional=optional,
+        return Msg(kind="open", time=opened,
+                   required=None if required is None else frozenset(required),
+                   optional=None if optional is None else frozenset(optional),
                    deadline_ms=None if deadline_s is None else milliseconds(deadline_s),
-                   allow_partial=opt("allow_partial"), fail_fast=opt("fail_fast"),
                    identity=tuple(sorted((n, json_key(v)) for n, v in fields.items())),
-                   canon=canonical(fields), **common)
-    return Msg(kind="receipt", branch=rec[R.R_BRANCH], status=rec[R.R_STATUS],
-               key=rec[R.R_KEY], value=obj.get("value"), error=obj.get("error"),
-               attempt=obj.get("attempt") or 1, opened_at=rec[R.R_OPENED_AT], **common)
+                   canon=canonical(fields), **flags, **common)
+    branch = _field(obj, "branch", True, _name)
+    status = _field(obj, "status", True, lambda v: v in STATUSES)
+    event_time = epoch_ms(_field(obj, "event_time", True, _time))
+    key = _field(obj, "key", False, _text)
+    error = _field(obj, "error", False, _text)
+    attempt = _field(obj, "attempt", False, lambda v: type(v) is int and 1 <= v < 2**63)
+    opened_at = _field(obj, "opened_at", False, _time)
+    if contract is not None and contract not in contracts:
+        raise Refused("unknown_contract")
+    return Msg(kind="receipt", time=event_time, branch=branch, status=status,
+               key=branch if key is None else key, value=obj.get("value"), error=error,
+               attempt=attempt or 1, opened_at=None if opened_at is None else epoch_ms(opened_at),
+               **common)
+
+
+# ---------------------------------------------------------------------------- §6 contracts
+@dataclass(frozen=True)
+class Contract:
+    """The fields of one contract the join reads (§6)."""
+
+    required: list[str] | None = None
+    optional: list[str] | None = None
+    deadline_s: float | None = None
+    allow_partial: bool | None = None
+    fail_fast: bool | None = None
+    retention_s: float | None = None
+    close_trigger: str | None = None
+    schemas: dict[str, Any] = field(default_factory=dict)
+
+
+def read_contracts(text: str) -> dict[str, Contract]:
+    """The contracts of a plain contracts file by name (``yaml.safe_load``: the tests' files
+    use no scalar that YAML 1.1 and the core schema read differently)."""
+    return {entry["name"]: Contract(**{k: v for k, v in entry.items() if k != "name"})
+            for entry in yaml.safe_load(text)["contracts"]}
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """§2's pipeline defaults."""
+
+    deadline_s: float = 30.0
+    allow_partial: bool = False
+    fail_fast: bool = False
+    close_trigger: str = "eager"
+    retention_s: float = 604800.0
 
 
 @dataclass(frozen=True)
 class Env:
-    """The contracts by name, the pipeline defaults and the per-join limit."""
+    """The contracts file, the pipeline defaults and the per-join limit."""
 
-    contracts: dict[str, Contract]
-    defaults: JoinDefaults = field(default_factory=JoinDefaults)
+    contracts_yaml: str
+    defaults: Defaults = field(default_factory=Defaults)
     max_messages_per_join: int = 100_000
     reopen_after_retention: bool = True  # docs/spec.md "Tombstones and stragglers"
+
+    @functools.cached_property
+    def contracts(self) -> dict[str, Contract]:
+        return read_contracts(self.contracts_yaml)
 
 
 # ---------------------------------------------------------------------------- §2 definition
@@ -539,12 +731,13 @@ def parse_lines(lines: Sequence[str | bytes], env: Env
     for number, line in enumerate(lines, start=1):
         if not line:  # a blank line separates messages (a line of spaces does not)
             continue
-        rec, bad = parse_message(line, ("input", number), env.contracts)
-        if bad is not None:
-            dead.append({"error": bad["error"], "raw": bad["raw"]})
+        try:
+            m = read_message(number, line, env.contracts)
+        except Refused as exc:
+            raw = line.decode("utf-8", "replace") if isinstance(line, bytes) else line
+            dead.append({"error": exc.args[0], "raw": raw})
             continue
-        raw = line if isinstance(line, str) else line.decode("utf-8")
-        by_join[rec[R.JOIN_ID]].append(_msg(number, raw, rec))
+        by_join[m.join_id].append(m)
     return by_join, dead
 
 

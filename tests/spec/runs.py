@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from fanin.contracts import records as R
-from fanin.contracts.catalog import Catalog
+from fanin.contracts.catalog import Catalog, JoinDefaults, parse_contracts
 from fanin.contracts.parsing import parse_message
 from fanin.core.bounded import bounded_outputs
 from fanin.pipelines.pipeline import RunConfig, run_pipeline
@@ -41,7 +41,7 @@ def arrival_order(lines: list[str], env: Env) -> list[str]:
 def core_run(lines: list[str], env: Env) -> Outputs:
     """The bounded decision core alone: valid records grouped by join, decided per join with
     the per-join message limit (``fanin.core.bounded``)."""
-    catalog = Catalog(env.contracts, env.defaults)
+    catalog = Catalog(parse_contracts(env.contracts_yaml), _defaults(env))
     groups: dict[str, list[Any]] = defaultdict(list)
     found: Outputs = {kind: [] for kind in KINDS}
     for number, line in enumerate(lines, start=1):
@@ -56,6 +56,11 @@ def core_run(lines: list[str], env: Env) -> Outputs:
     return found
 
 
+def _defaults(env: Env, **changes: Any) -> JoinDefaults:
+    """The pipeline's defaults for the reference's (``Env.defaults``), with ``changes``."""
+    return JoinDefaults(**{**dataclasses.asdict(env.defaults), **changes})
+
+
 def _write_inputs(lines: list[str], folder: Path, contracts_yaml: str) -> tuple[Path, Path]:
     folder.mkdir(parents=True, exist_ok=True)
     data, contracts = folder / "input.jsonl", folder / "contracts.yaml"
@@ -68,7 +73,7 @@ def bounded_run(lines: list[str], folder: Path, contracts_yaml: str, env: Env) -
     """``fanin run`` on a file (FnApiRunner)."""
     data, contracts = _write_inputs(lines, folder, contracts_yaml)
     run_pipeline(RunConfig(output=str(folder / "out"), inputs=[str(data)],
-                           contracts_path=str(contracts), defaults=env.defaults,
+                           contracts_path=str(contracts), defaults=_defaults(env),
                            max_messages_per_join=env.max_messages_per_join), [])
     return read_output_dir(folder / "out")
 
@@ -79,7 +84,7 @@ def replay_run(lines: list[str], folder: Path, contracts_yaml: str, env: Env,
     with ``max_disorder_s``, in their given order with that watermark lag."""
     ordered = arrival_order(lines, env) if max_disorder_s is None else lines
     data, contracts = _write_inputs(ordered, folder, contracts_yaml)
-    defaults = dataclasses.replace(env.defaults, close_trigger=trigger)
+    defaults = _defaults(env, close_trigger=trigger)
     run_pipeline(RunConfig(output=str(folder / "out"), inputs=[str(data)], replay=True,
                            max_disorder_s=max_disorder_s or 0.0,
                            contracts_path=str(contracts), defaults=defaults,

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from spec.invariants import check_run
-from spec.joins import CONTRACTS, CONTRACTS_YAML, J28, HypothesisDraw, RandomDraw, batch_lines
+from spec.joins import CONTRACTS_YAML, J28, HypothesisDraw, RandomDraw, batch_lines
 from spec.reference import Env, reference_outputs
 from spec.runs import arrival_order, assert_same, bounded_run, core_run, replay_run
 
@@ -30,7 +30,7 @@ EXAMPLES = int(os.environ.get("FANIN_SPEC_EXAMPLES", "300"))
 PHASES = [Phase.explicit, Phase.generate] + \
     ([Phase.shrink] if os.environ.get("FANIN_SPEC_SHRINK") == "1" else [])
 JOINS_PER_RUN = 100
-ENV = Env(CONTRACTS)
+ENV = Env(CONTRACTS_YAML)
 
 
 @settings(max_examples=EXAMPLES, deadline=None, database=None, phases=PHASES,
@@ -66,7 +66,7 @@ def test_bounded_and_watermark_replay_equal_reference(
 @given(seed=st.integers(0, 2**32 - 1), limit=st.integers(1, 4))
 def test_per_join_limit_in_bounded_and_watermark_replay_equals_reference(
         seed: int, limit: int, tmp_path_factory: pytest.TempPathFactory) -> None:
-    env = Env(CONTRACTS, max_messages_per_join=limit)
+    env = Env(CONTRACTS_YAML, max_messages_per_join=limit)
     lines = batch_lines(RandomDraw(random.Random(seed)), JOINS_PER_RUN * 2 // 5)
     folder: Path = tmp_path_factory.mktemp("limit")
     assert_same(lines, env, {
@@ -85,7 +85,7 @@ def test_sorted_replay_with_a_disorder_allowance_equals_reference(
     stream equals the bounded result, whatever the watermark's lag: sorted input replayed with
     a disorder allowance (the watermark then trails the event times, so a join's next
     messages arrive before its close or its tombstone's end is decided)."""
-    env = Env(CONTRACTS) if limit is None else Env(CONTRACTS, max_messages_per_join=limit)
+    env = Env(CONTRACTS_YAML) if limit is None else Env(CONTRACTS_YAML, max_messages_per_join=limit)
     lines = arrival_order(batch_lines(RandomDraw(random.Random(seed)), JOINS_PER_RUN // 2), env)
     found = replay_run(lines, tmp_path_factory.mktemp("lagged"), CONTRACTS_YAML, env,
                        max_disorder_s=lag)
@@ -111,7 +111,7 @@ def test_full_joins_in_a_row_inside_the_watermark_lag_equal_reference(
     third starts after the second's tombstone, all before the watermark (30 s behind) moves:
     each message is classified as the bounded plan's rounds do (late of the second join,
     join_too_large, or the third join's, within its own limit)."""
-    env = Env(CONTRACTS, max_messages_per_join=limit)
+    env = Env(CONTRACTS_YAML, max_messages_per_join=limit)
     lines = arrival_order(J28, env)
     assert_same(lines, env, {"replay": replay_run(lines, tmp_path, CONTRACTS_YAML, env,
                                                   max_disorder_s=30.0)})

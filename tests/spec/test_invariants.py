@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-from fanin.contracts.catalog import parse_contracts
 from spec.invariants import check_run
 from spec.reference import Env, reference_outputs
 from spec.runs import bounded_run, replay_run
@@ -29,7 +28,7 @@ contracts:
   - name: plain
     required: [a, b]
 """
-ENV = Env(parse_contracts(CONTRACTS_YAML))
+ENV = Env(CONTRACTS_YAML)
 
 
 def _lines(*messages: dict[str, Any]) -> list[str]:
