@@ -13,6 +13,8 @@ alternately inside one process so machine noise hits them alike; tables show med
   Beam join ``bench/naive_join.py`` on ``fanin simulate`` traffic with the bundled contracts
   (JSON schemas), on the default local runners, and on Prism when ``fanin setup prism`` has put
   it where Beam looks. Wall and CPU (user + system of the process tree) medians, and ratios.
+  With Prism there, one more row: the naive join run as its user would, with no ``--runner``
+  (Beam's ``DirectRunner`` then takes Prism), against ``fanin run``'s default.
 - ``bounded``: FnApiRunner. Fanin (``run_pipeline``) vs a naive Beam join (ReadFromText ->
   ``parse_message`` records -> GroupByKey -> ``bench/naive.py``'s reducer over each group sorted by
   event time -> json.dumps -> WriteToText) vs a floor (read + parse + write, no join).
@@ -276,6 +278,8 @@ def part_headline(tmp: str, joins: int, stream_joins: int, repeats: int,
         variants[f"naive join, {label}"] = _naive_cmd(path, os.path.join(tmp, "hn"), *naive_args)
         variants[f"fanin bounded, {label}"] = _fanin_cmd(path, os.path.join(tmp, "hf"),
                                                          *fanin_args)
+    if _prism():  # run as its user would, no --runner: Beam's DirectRunner takes Prism
+        variants["naive join, as written"] = _naive_cmd(path, os.path.join(tmp, "hn"))
     per_runner: list[tuple[str, int, dict[str, tuple[list[str], str | None]]]] = [
         ("default (FnApiRunner / BundleBasedDirectRunner)", slines,
          _runner_rows(tmp, "default", [], spath))]
@@ -304,6 +308,11 @@ def part_headline(tmp: str, joins: int, stream_joins: int, repeats: int,
                      naive[2], "1.00 / 1.00"])
         rows.append([f"**fanin run ({label} runner)**", lines, *fanin[:2], lines / fanin[0],
                      fanin[2], f"**{naive[0] / fanin[0]:.2f}** / {naive[1] / fanin[1]:.2f}"])
+    if "naive join, as written" in med:
+        naive, fanin = med["naive join, as written"], med["fanin bounded, default"]
+        rows.append(["naive join (no --runner: Beam's DirectRunner, Prism here) vs fanin run "
+                     "(default runner)", lines, *naive[:2], lines / naive[0], naive[2],
+                     f"fanin: **{naive[0] / fanin[0]:.2f}** / {naive[1] / fanin[1]:.2f}"])
     _table(f"Headline: bounded, whole processes, {lines:,} messages ({joins:,} joins), median "
            f"of {repeats} alternated runs",
            ["program", "messages", "wall s", "CPU s", "messages/s (wall)", "peak RSS MiB",

@@ -10,7 +10,10 @@ Guarantees:
   option, or one the job server does not define, is bad use. So is a runner whose job
   server's jar or Prism binary Beam can neither find nor download, or whose job service does
   not answer (exit 2); a job the runner fails is one line, exit 1
-  (``fanin.runners.toolchain.runner_failure``).
+  (``fanin.runners.toolchain.runner_failure``), as is a job that fails reading or writing
+  files (a full disk). Ctrl-C stops a bounded run or a replay with one line and exit 130
+  (its output folder keeps the mark of an unfinished run, ``fanin.io.output_lock``); a
+  Pub/Sub run drains on the first (``fanin.io.pubsub_drain``).
 - The runner is always explicit (see ``pipelines.pipeline.choose_runner``) and is logged.
 - Each subcommand's module is imported only when that subcommand runs: ``fanin --help``,
   ``fanin query`` and ``fanin report`` never import Apache Beam.
@@ -19,11 +22,12 @@ Guarantees:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import NoReturn
 
 __all__ = ["main"]
@@ -168,8 +172,13 @@ def _run(args: argparse.Namespace, beam_args: Sequence[str]) -> int:
         earlier = _files(args.output) if (args.subscription or args.topic) and \
             "://" not in args.output and not args.overwrite else frozenset()
         try:
-            run_pipeline(config, beam_args, runner)
+            with _quiet_interrupts():
+                run_pipeline(config, beam_args, runner)
+        except KeyboardInterrupt:
+            return _interrupted(args.output)
         except Exception as exc:  # the runner's failures: one line (runner_failure)
+            if _is_interrupt(exc):
+                return _interrupted(args.output)
             failure = runner_failure(exc, beam_args)
             if failure is None:
                 raise
@@ -182,6 +191,38 @@ def _run(args: argparse.Namespace, beam_args: Sequence[str]) -> int:
     if "://" not in args.output:
         _summary(args.output, "jsonl" in config.formats, earlier)
     return 0
+
+
+def _is_interrupt(exc: BaseException) -> bool:
+    """Ctrl-C inside a step: the local runner re-raises it as ``RuntimeError("KeyboardInterrupt
+    [while running ...]")``."""
+    return isinstance(exc, RuntimeError) and str(exc).startswith("KeyboardInterrupt")
+
+
+def _interrupted(output: str) -> int:
+    print(f"fanin: interrupted: {output} holds partial outputs (run again with --overwrite)",
+          file=sys.stderr)
+    return 130
+
+
+class _NoInterruptLog(logging.Filter):
+    """Drops the local runner's error log (with its traceback) of a step Ctrl-C stopped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not ((isinstance(record.msg, BaseException) and _is_interrupt(record.msg))
+                    or isinstance(record.msg, KeyboardInterrupt))
+
+
+@contextlib.contextmanager
+def _quiet_interrupts() -> Iterator[None]:
+    """While a run runs: a step stopped by Ctrl-C is not logged as an error (``_run`` says it in
+    one line)."""
+    logger, quiet = logging.getLogger("apache_beam.runners.common"), _NoInterruptLog()
+    logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        logger.removeFilter(quiet)
 
 
 def _one_line(exc: BaseException) -> str:

@@ -8,6 +8,9 @@ gets ``func=callable(args) -> int``:
   exactly ``FILE``.
 - ``fanin report DIR [--html FILE]``: prints a summary and optionally writes the HTML report.
 
+A folder a run is still writing, or one whose run stopped before its end
+(``fanin.io.output_lock``), gets one warning line on stderr first; the command runs on.
+
 Exit codes: 0 success; 2 for a missing DIR, bad or refused SQL, malformed output files or an
 unwritable FILE, reported as one line on stderr (``fanin <cmd>: error: ...``), no traceback.
 """
@@ -22,6 +25,7 @@ import duckdb
 
 from fanin.analysis.query import FORMATS, run_query
 from fanin.analysis.report import build_report, summary_text, write_html
+from fanin.io.output_lock import state_warning
 
 __all__ = ["add_subcommand", "cmd_query", "cmd_report"]
 
@@ -31,6 +35,9 @@ _USER_ERRORS = (OSError, ValueError, duckdb.Error)
 def _guarded(name: str, body: Callable[[argparse.Namespace], None]) -> Callable[..., int]:
     def run(args: argparse.Namespace) -> int:
         try:
+            warning = state_warning(args.dir)
+            if warning is not None:  # a folder a run is writing, or one it left unfinished
+                print(f"fanin {name}: warning: {warning}", file=sys.stderr)
             body(args)
         except _USER_ERRORS as exc:
             lines = str(exc).strip().splitlines() or [type(exc).__name__]

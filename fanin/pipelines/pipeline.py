@@ -41,6 +41,7 @@ from fanin.contracts.catalog import Catalog, JoinDefaults, load_contracts
 from fanin.contracts.parsing import DEFAULT_MAX_BYTES
 from fanin.contracts.timefmt import duration_ms
 from fanin.core.outcomes import CLOSES, DEAD_LETTER, LATE
+from fanin.io.output_lock import OutputLock
 from fanin.io.pubsub_drain import Drain, drain_on_signals
 from fanin.pipelines.cloud_names import (
     SETUP_FILE_NAMES,
@@ -355,13 +356,26 @@ def _prepare_output(output: str, overwrite: bool, inputs: Sequence[str] = (),
     for folder in folders:
         try:
             if folder in replaced:
-                shutil.rmtree(folder)
+                _empty(folder)
             os.makedirs(folder, exist_ok=True)
         except OSError as exc:  # e.g. a read-only file system
             raise ConfigError(f"--output: cannot {'replace' if folder in replaced else 'create'} "
                               f"{folder}: {exc.strerror or exc}") from None
         if not _writable(folder):  # created, but not for us to write in (umask)
             raise ConfigError(f"--output: cannot write in {folder}: permission denied")
+
+
+def _empty(folder: str) -> None:
+    """Delete an output folder of an earlier run; a folder that is a symbolic link keeps the
+    link and its target, emptied (as ``--output`` itself may be a link)."""
+    if not os.path.islink(folder):
+        shutil.rmtree(folder)
+        return
+    for entry in os.scandir(folder):
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path)
+        else:
+            os.unlink(entry.path)
 
 
 def _checked_folders(output: str, folders: list[str], overwrite: bool, continues: bool
@@ -559,24 +573,49 @@ def run_pipeline(config: RunConfig, beam_args: Sequence[str],
     p = beam.Pipeline(runner=runner_instance, options=options)
     drain = Drain() if config.subscription or config.topic else None
     build(p, config, catalog, drain)  # a missing input is reported here, before anything is written
-    if "://" not in config.output:
-        _prepare_output(config.output, config.overwrite,
-                        expand_inputs(config.inputs) if config.inputs else (),
-                        continues=bool(config.subscription or config.topic))
-    _LOG.info("fanin: runner %s, %s input", runner,
-              "streaming" if config.streaming else "bounded")
-    if config.streaming and runner.endswith("PrismRunner"):
-        _LOG.warning("fanin: Prism 2.77 may emit a stateful join's closes and late lines more "
-                     "than once when it splits a bundle with timers (apache/beam#35771, "
-                     "docs/runners.md); the default local streaming runner does not")
-    result = p.run()
-    if config.streaming and runner.endswith("DataflowRunner"):
-        _LOG.info("fanin: streaming job submitted; it runs until drained or cancelled")
-        return result
-    with drain_on_signals(drain, _LOG) if drain else contextlib.nullcontext():
-        result.wait_until_finish()
+    lock = _locked_output(config) if "://" not in config.output else None
+    try:
+        _LOG.info("fanin: runner %s, %s input", runner,
+                  "streaming" if config.streaming else "bounded")
+        if config.streaming and runner.endswith("PrismRunner"):
+            _LOG.warning("fanin: Prism 2.77 may emit a stateful join's closes and late lines "
+                         "more than once when it splits a bundle with timers "
+                         "(apache/beam#35771, docs/runners.md); the default local streaming "
+                         "runner does not")
+        result = p.run()
+        if config.streaming and runner.endswith("DataflowRunner"):
+            _LOG.info("fanin: streaming job submitted; it runs until drained or cancelled")
+            return result
+        with drain_on_signals(drain, _LOG) if drain else contextlib.nullcontext():
+            result.wait_until_finish()
+    except BaseException:
+        if lock is not None:
+            lock.release()  # the outputs are partial: the folder keeps its mark
+        raise
+    if lock is not None:
+        lock.finish()
     if config.topics:
         from fanin.io.pubsub_publish import report_unpublished
 
         report_unpublished()  # what the run's topics lack, before its summary line
     return result
+
+
+def _locked_output(config: RunConfig) -> OutputLock:
+    """Lock the local output folder for this run (``OutputLock``), then prepare it
+    (``_prepare_output``): a run refused there leaves the folder as it was."""
+    if os.path.exists(config.output) and not os.path.isdir(config.output):
+        raise ConfigError(f"--output: {config.output} is a file, not a folder")
+    try:
+        lock = OutputLock.acquire(config.output)
+    except OSError as exc:  # e.g. a read-only file system, a folder not ours
+        raise ConfigError(f"--output: cannot create or lock {config.output}: "
+                          f"{exc.strerror or exc}") from None
+    try:
+        _prepare_output(config.output, config.overwrite,
+                        expand_inputs(config.inputs) if config.inputs else (),
+                        continues=bool(config.subscription or config.topic))
+    except BaseException:
+        lock.abandon()
+        raise
+    return lock

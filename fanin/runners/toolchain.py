@@ -25,6 +25,7 @@ Guarantees:
 from __future__ import annotations
 
 import argparse
+import builtins
 import os
 import platform
 import re
@@ -274,7 +275,16 @@ def runner_failure(exc: BaseException, beam_args: Sequence[str]) -> tuple[str, i
         why = next((line.strip() for line in failed.group(2).splitlines() if line.strip()),
                    "(no reason given)")
         return f"the runner failed the job ({failed.group(1)}): {why}", 1
+    first = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
+    if isinstance(exc, RuntimeError) and first.split(":", 1)[0] in _OS_ERRORS:
+        # the local runner re-raises an OSError of a step as "OSError: ... [while running ...]"
+        return f"the job failed reading or writing files: {first}", 1
     return None
+
+
+# the names of Python's OSError classes (a full disk, a file too large, permissions...)
+_OS_ERRORS = frozenset(name for name, value in vars(builtins).items()
+                       if isinstance(value, type) and issubclass(value, OSError))
 
 
 def _setup(args: argparse.Namespace) -> int:

@@ -4,7 +4,8 @@
 - A ``fanin run`` killed with SIGKILL while it writes leaves no file that looks complete but is
   partial: every ``*.jsonl`` present parses fully and ends with a newline; partial files only
   ever carry a ``.tmp-`` name. Rerunning from scratch with ``--overwrite`` gives exactly the
-  files of an uninterrupted run, and without ``--overwrite`` the leftovers are refused.
+  files of an uninterrupted run, and without ``--overwrite`` the leftovers are refused; until
+  then ``fanin report`` warns that the folder's run stopped before its end.
 """
 
 from __future__ import annotations
@@ -96,7 +97,12 @@ def test_killed_run_leaves_no_false_complete_file_and_rerun_matches(
         for line in data.decode("utf-8").splitlines():
             json.loads(line)
         assert data == reference[name], f"{name} differs from the uninterrupted run's"
+    capsys.readouterr()
+    assert main(["report", str(out)]) == 0  # a reader is told the outputs are partial
+    assert "stopped before its end" in capsys.readouterr().err
     assert main(argv) == 2  # leftovers are not mixed in silently
     capsys.readouterr()
     assert main([*argv, "--overwrite"]) == 0
     assert snapshot(out) == reference
+    assert main(["report", str(out)]) == 0
+    assert "warning" not in capsys.readouterr().err  # a finished run leaves no mark

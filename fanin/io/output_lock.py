@@ -1,0 +1,135 @@
+"""One run at a time per local output folder, and a mark on a folder whose run did not finish.
+
+Guarantees (local folders; a ``gs://`` folder has neither, docs/reliability.md):
+- ``OutputLock.acquire(output)`` creates ``OUTPUT/.fanin-run`` and holds an exclusive lock on
+  it (``flock``) until ``finish`` or ``release``, or until the process ends, however it ends.
+  A second run on the same folder, from this process or another, is refused at once
+  (``FolderBusy``, naming the holder's process) before it checks, deletes or writes anything.
+- ``finish()`` (the run wrote all of its outputs) deletes the mark, then lets the lock go.
+  ``release()`` (the run failed) lets the lock go and leaves the mark: the folder's outputs are
+  partial, and a run killed outright leaves it too. ``abandon()`` (the run was refused before
+  it changed anything) leaves the folder as it found it: the mark only if it was there.
+- ``folder_state(output)``: ``RUNNING`` while a run holds the lock, ``UNFINISHED`` when the mark
+  is there and nobody holds it (the run that made it stopped before its end), else None.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import time
+
+__all__ = ["MARK", "RUNNING", "UNFINISHED", "FolderBusy", "OutputLock", "folder_state",
+           "state_warning"]
+
+MARK = ".fanin-run"
+RUNNING, UNFINISHED = "running", "unfinished"
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: no lock; the mark still says a run did not finish
+    fcntl = None  # type: ignore[assignment]
+
+
+class FolderBusy(ValueError):
+    """Another run holds the output folder."""
+
+
+def _locked(fd: int, exclusive: bool) -> bool:
+    """Take the lock on ``fd`` without waiting; False when another holds it."""
+    if fcntl is None:
+        return True
+    try:
+        fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            return False
+        raise
+    return True
+
+
+def _holder(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return f" (process {int(json.load(handle)['pid'])})"
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+
+
+class OutputLock:
+    """The lock of one run on one local output folder (see the module docstring)."""
+
+    def __init__(self, path: str, fd: int, found: bool) -> None:
+        self._path, self._fd, self._found = path, fd, found
+
+    @classmethod
+    def acquire(cls, output: str) -> OutputLock:
+        """Create ``output`` if needed and lock it for this run; ``FolderBusy`` if another run
+        holds it."""
+        os.makedirs(output, exist_ok=True)
+        path = os.path.join(output, MARK)
+        found = os.path.exists(path)
+        while True:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+            if not _locked(fd, exclusive=True):
+                os.close(fd)
+                raise FolderBusy(f"--output {output}: another fanin run is writing there"
+                                 f"{_holder(path)}; wait for it to end, or choose another "
+                                 "folder")
+            try:  # the mark a finishing run deleted after we opened it is not the lock
+                same = os.path.samestat(os.fstat(fd), os.stat(path))
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)
+        os.ftruncate(fd, 0)
+        os.write(fd, json.dumps({"pid": os.getpid(), "started": time.time()}).encode() + b"\n")
+        return cls(path, fd, found)
+
+    def finish(self) -> None:
+        """All outputs written: delete the mark, let the lock go."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._path)
+        self.release()
+
+    def abandon(self) -> None:
+        """Nothing changed: the mark is deleted unless an unfinished run had left it."""
+        if self._found:
+            self.release()
+        else:
+            self.finish()
+
+    def release(self) -> None:
+        """Let the lock go, the mark kept (the outputs are partial)."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+def folder_state(output: str) -> str | None:
+    """``RUNNING``, ``UNFINISHED`` or None (see the module docstring)."""
+    path = os.path.join(output, MARK)
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    try:
+        return UNFINISHED if _locked(fd, exclusive=False) else RUNNING
+    finally:
+        os.close(fd)
+
+
+def state_warning(output: str) -> str | None:
+    """One line for a reader of ``output`` when its outputs are not a finished run's."""
+    state = folder_state(output)
+    if state == RUNNING:
+        return (f"{output}: a fanin run is still writing this folder; these are the outputs "
+                "written so far")
+    if state == UNFINISHED:
+        return (f"{output}: the fanin run that wrote this folder stopped before its end "
+                "(interrupted, killed or failed); its outputs are partial: run it again with "
+                "--overwrite")
+    return None

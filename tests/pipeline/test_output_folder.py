@@ -1,0 +1,115 @@
+"""The output folder of a local run (docs/reliability.md "One run per output folder"):
+
+- a run holds its folder: a second run on it (from any process) is refused in one line, exit
+  2, before it checks, deletes or writes anything; once the first ends, the second runs;
+- a run that stops before its end leaves a mark that ``fanin query`` / ``fanin report`` warn
+  about; Ctrl-C inside a step is one line and exit 130, a failing write one line and exit 1;
+- ``--overwrite`` of a folder whose output subfolder is a symbolic link empties the link's
+  target and keeps the link.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fanin.cli import main
+from fanin.fleet.simulate import CONTRACTS_PATH
+
+EXAMPLE = str(Path(CONTRACTS_PATH).with_name("triage.jsonl"))
+KINDS = ("closes", "late", "dead_letter")
+
+
+def _run(out: Path, *extra: str) -> list[str]:
+    return ["run", "--input", EXAMPLE, "--contracts", CONTRACTS_PATH, "--output", str(out),
+            *extra]
+
+
+def _files(out: Path) -> dict[str, bytes]:
+    """Every file under ``out`` (through linked folders) by relative path."""
+    return {os.path.relpath(os.path.join(root, name), out):
+            Path(root, name).read_bytes()
+            for root, _, names in os.walk(out, followlinks=True) for name in names}
+
+
+def test_a_run_on_a_folder_another_process_holds_is_refused_and_changes_nothing(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out"
+    assert main(_run(out)) == 0
+    before = _files(out)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from fanin.io.output_lock import OutputLock; "
+         "OutputLock.acquire(sys.argv[1]); print('held', flush=True); sys.stdin.read()",
+         str(out)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        capsys.readouterr()
+        assert main(_run(out, "--overwrite")) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [f"fanin: error: --output {out}: another fanin run is writing there "
+                       f"(process {holder.pid}); wait for it to end, or choose another folder"]
+        assert _files(out) == {**before, ".fanin-run": _files(out)[".fanin-run"]}
+        assert main(["report", str(out)]) == 0
+        assert "still writing" in capsys.readouterr().err
+    finally:
+        holder.communicate("")
+    assert main(_run(out, "--overwrite")) == 0  # the holder ended: its lock went with it
+    assert _files(out) == before
+
+
+def test_ctrl_c_inside_a_step_is_one_line_and_exit_130(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from fanin.transforms import join_bounded
+
+    def interrupted(*_: Any) -> Any:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(join_bounded.CloseGroups, "process", interrupted)
+    out = tmp_path / "out"
+    assert main(_run(out)) == 130
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1] == \
+        f"fanin: interrupted: {out} holds partial outputs (run again with --overwrite)"
+    assert main(["query", str(out), "select count(*) from closes"]) == 0
+    assert "stopped before its end" in capsys.readouterr().err
+
+
+def test_a_write_the_disk_refuses_is_one_line_and_exit_1(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from fanin.transforms import write
+
+    def full(*_: Any) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(write, "atomic_move", full)
+    out = tmp_path / "out"
+    assert main(_run(out)) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("fanin: error: the job failed reading or writing files: ")
+    assert "No space left on device" in err[-1]
+    assert main(["report", str(out)]) == 0
+    assert "stopped before its end" in capsys.readouterr().err
+
+
+def test_overwrite_empties_a_linked_output_folder_and_keeps_the_link(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out"
+    assert main(_run(out)) == 0
+    expected = _files(out)
+    elsewhere = tmp_path / "elsewhere"
+    (out / "dead_letter").rename(elsewhere)
+    os.symlink(elsewhere, out / "dead_letter")
+    (elsewhere / "stale.jsonl").write_text('{"old": 1}\n')
+    assert main(_run(out, "--overwrite")) == 0, capsys.readouterr().err
+    assert (out / "dead_letter").is_symlink()
+    assert "stale.jsonl" not in os.listdir(elsewhere)
+    assert _files(out) == expected
