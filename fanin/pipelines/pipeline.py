@@ -51,7 +51,7 @@ from fanin.pipelines.cloud_names import (
 from fanin.transforms.join import DEFAULT_MAX_BYTES_PER_JOIN, JoinRecords
 from fanin.transforms.parse import KeyMessages, ParseMessages
 from fanin.transforms.read import ReadNumberedLines, Source, expand_inputs, numbered_lines
-from fanin.transforms.replay import Replay, build_replay, by_event_time
+from fanin.transforms.replay import Replay, build_replay, by_event_time, message_scan
 from fanin.transforms.write import (
     BY_COUNT,
     BY_COUNT_OR_TIME,
@@ -241,14 +241,16 @@ def replay_retention_floor_ms(catalog: Catalog) -> int:
 
 
 def replay_of(lines: Iterable[tuple[bytes, Source]], catalog: Catalog,
-              max_disorder_s: float) -> Replay:
-    """The replay a streaming run from files reads. Its watermark moves for a join's line
+              max_disorder_s: float, max_bytes: int = DEFAULT_MAX_BYTES) -> Replay:
+    """The replay a streaming run from files reads, its lines scanned as the join parses them
+    (``message_scan``: a dead letter moves no watermark). Its watermark moves for a join's line
     only when a timer of that join may be due (``replay_retention_floor_ms``), and its last
     advance passes every deadline, not every tombstone: the join sets no timer for a
     tombstone that outlives the input (``JoinRecords``' ``input_end_ms`` = ``Replay.end_ms``).
     """
     replay = build_replay(lines, max_disorder_s, _longest_deadline_ms(catalog) + 1,
-                          replay_retention_floor_ms(catalog))
+                          replay_retention_floor_ms(catalog),
+                          scan=message_scan(frozenset(catalog.contracts), max_bytes))
     if replay.events > _SLOW_REPLAY_EVENTS:
         _LOG.warning(
             "fanin: --replay: %d lines lag the file's latest event time by more than "
@@ -274,8 +276,9 @@ def build(p: beam.Pipeline, config: RunConfig, catalog: Catalog,
     parse. ``drain`` stops a Pub/Sub read on the local runner (``fanin.io.pubsub_drain``)."""
     if config.replay:
         paths = expand_inputs(config.inputs)
-        lines = by_event_time([numbered_lines(path) for path in paths])
-        replay = replay_of(lines, catalog, config.max_disorder_s)
+        lines = by_event_time([numbered_lines(path) for path in paths],
+                              message_scan(frozenset(catalog.contracts), config.max_bytes))
+        replay = replay_of(lines, catalog, config.max_disorder_s, config.max_bytes)
         raw = p | "Read" >> replay
         input_end_ms: int | None = replay.end_ms
     elif config.inputs:

@@ -2,8 +2,11 @@
 
 Guarantees:
 - Lines are delivered in file order (file order = arrival order), each stamped with its event
-  time (an open's ``opened_at``, a receipt's ``event_time``); a line whose event time cannot be
-  read is stamped with the current watermark, so it is never dropped as late by the source.
+  time (an open's ``opened_at``, a receipt's ``event_time``); a line the join does not take (a
+  dead letter of the parse, ``message_scan``: it has no event time, even one that can be read)
+  is stamped with the current watermark, so it is never dropped as late by the source and
+  moves no watermark: a refused message with a far-future time does not make the messages
+  after it late.
   Several files are several sources of one stream (``by_event_time``): each keeps its own
   order, and they are merged by event time (the file whose next line is earliest goes
   first; ties by the order the files are given), so files each sorted by event time are
@@ -48,7 +51,7 @@ import heapq
 import json
 import uuid
 from array import array
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Sequence
 from typing import Any
 
 import apache_beam as beam
@@ -59,10 +62,12 @@ from apache_beam.testing.test_stream import TestStream
 from apache_beam.transforms.window import TimestampedValue
 from apache_beam.utils.timestamp import Timestamp
 
+from fanin.contracts import records as R
+from fanin.contracts.parsing import parse_message
 from fanin.contracts.timefmt import MAX_MS, duration_ms, parse_rfc3339
 from fanin.transforms.read import Source, numbered_lines
 
-__all__ = ["Replay", "build_replay", "by_event_time", "scan_line"]
+__all__ = ["Replay", "Scan", "build_replay", "by_event_time", "message_scan", "scan_line"]
 
 
 def _decode(line: bytes) -> Any:
@@ -97,6 +102,23 @@ def _scan(line: bytes) -> tuple[int | None, int, str | None, int | None]:
         return None, 0, None, None
 
 
+# a line -> (event time ms, open's deadline ms or 0, join id, opened_at ms a receipt carries)
+Scan = Callable[[bytes], tuple[int | None, int, str | None, int | None]]
+
+
+def message_scan(contracts: Container[str], max_bytes: int) -> Scan:
+    """The scan of a replay's lines as the join reads them (``parse_message`` with the run's
+    contracts and size limit): a line it refuses is ``(None, 0, None, None)``."""
+    def scan(line: bytes) -> tuple[int | None, int, str | None, int | None]:
+        record, _ = parse_message(line, ("", 0), contracts, max_bytes)
+        if record is None:
+            return None, 0, None, None
+        if record[R.KIND] == R.OPEN:
+            return record[R.TIME], record[R.O_DEADLINE_MS] or 0, record[R.JOIN_ID], None
+        return record[R.TIME], 0, record[R.JOIN_ID], record[R.R_OPENED_AT]
+    return scan
+
+
 def scan_line(line: bytes) -> tuple[int | None, int]:
     """Best-effort ``(event time ms or None, open's deadline ms or 0)`` of a raw line."""
     t, deadline, _, _ = _scan(line)
@@ -115,11 +137,11 @@ def _stamp(ms: int) -> Timestamp:
     return Timestamp(micros=ms * 1000)
 
 
-def by_event_time(files: Sequence[Iterable[tuple[bytes, Source]]]
+def by_event_time(files: Sequence[Iterable[tuple[bytes, Source]]], scan: Scan = _scan
                   ) -> Iterator[tuple[bytes, Source]]:
     """The lines of several files (each ``(line, source)`` in its file's order) as one
-    arrival order: merged by event time, each file's own order kept. A line whose event time
-    cannot be read goes right after the line before it in its file (before any line, at the
+    arrival order: merged by event time (``scan``'s), each file's own order kept. A line
+    without one goes right after the line before it in its file (before any line, at the
     start); ties go to the file given first."""
     if len(files) == 1:
         yield from files[0]
@@ -129,7 +151,7 @@ def by_event_time(files: Sequence[Iterable[tuple[bytes, Source]]]
     def keyed(lines: Iterable[tuple[bytes, Source]]) -> Iterator[tuple[int, tuple[bytes, Source]]]:
         key = -1 << 63
         for item in lines:
-            t = _scan(item[0])[0]
+            t = scan(item[0])[0]
             key = key if t is None else t
             yield key, item
 
@@ -251,15 +273,18 @@ class Replay(beam.PTransform[PBegin, PCollection[Any]]):
     ``retention_floor_ms``: the least ``retention_s``
     any join can have, in ms (0 is always safe: the watermark then moves before every line of
     a join that has earlier lines and whose tombstone may have expired by the bound);
-    ``batch``: the most lines between two advances. Each advance costs the local runner a
-    round of bundles through every transform, and its monitor re-reads every key's timers
-    between bundles; fewer advances hold more joins open. On 206,728 sorted lines 50,000 was
+    ``scan``: each line's event time, deadline, join id and carried ``opened_at``
+    (``message_scan`` for a run: a dead letter has none); ``batch``: the most lines between
+    two advances. Each advance costs the local runner a round of bundles through every
+    transform, and its monitor re-reads every key's timers between bundles; fewer advances
+    hold more joins open. On 206,728 sorted lines 50,000 was
     the fastest measured: 61 s and 505 MB peak, against 74 s / 412 MB at 20,000 and 69 s /
     646 MB at 100,000 (whole processes, one each, load ~3).
     """
 
     def __init__(self, lines: Iterable[tuple[bytes, Source]], max_disorder_s: float,
-                 horizon_ms: int, retention_floor_ms: int = 0, batch: int = 50_000) -> None:
+                 horizon_ms: int, retention_floor_ms: int = 0, batch: int = 50_000,
+                 scan: Scan = _scan) -> None:
         super().__init__()
         self._counts: dict[str, int] = {}
         self._token = uuid.uuid4().hex
@@ -273,11 +298,11 @@ class Replay(beam.PTransform[PBegin, PCollection[Any]]):
         round of bundles through every step, longer the more joins it holds; lines that lag
         more than ``max_disorder_s`` make an event each, nearly)."""
         self._stream, self.end_ms = self._plan(lines, int(max_disorder_s * 1000), horizon_ms,
-                                               retention_floor_ms, batch)
+                                               retention_floor_ms, batch, scan)
         """The last watermark before the jump to +infinity that ends the stream."""
 
     def _plan(self, lines: Iterable[tuple[bytes, Source]], lag: int, horizon_ms: int,
-              retention_floor_ms: int, batch: int) -> tuple[TestStream, int]:
+              retention_floor_ms: int, batch: int, scan: Scan) -> tuple[TestStream, int]:
         out = _Events(batch)
         counts = self._counts
         max_seen: int | None = None
@@ -287,7 +312,7 @@ class Replay(beam.PTransform[PBegin, PCollection[Any]]):
         for line, (path, _) in lines:
             index = counts.get(path, 0)
             counts[path] = index + 1
-            t, deadline_ms, join_id, carried = _scan(line)
+            t, deadline_ms, join_id, carried = scan(line)
             longest = max(longest, deadline_ms)
             if t is not None and (max_seen is None or t > max_seen):
                 max_seen = t
@@ -335,6 +360,7 @@ class Replay(beam.PTransform[PBegin, PCollection[Any]]):
 
 
 def build_replay(lines: Iterable[tuple[bytes, Source]], max_disorder_s: float,
-                 horizon_ms: int, retention_floor_ms: int = 0, batch: int = 50_000) -> Replay:
+                 horizon_ms: int, retention_floor_ms: int = 0, batch: int = 50_000,
+                 scan: Scan = _scan) -> Replay:
     """``Replay(...)``: the replay of ``lines`` (see ``Replay``)."""
-    return Replay(lines, max_disorder_s, horizon_ms, retention_floor_ms, batch)
+    return Replay(lines, max_disorder_s, horizon_ms, retention_floor_ms, batch, scan)

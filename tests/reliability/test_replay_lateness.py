@@ -59,3 +59,21 @@ def test_old_lines_after_new_ones_keep_their_dead_letters(tmp_path: Path) -> Non
                             ("dead_letter", lines[2], "undefined_join"),
                             ("dead_letter", lines[3], "invalid_json"),
                             ("dead_letter", lines[4], "invalid_message")])
+
+
+@pytest.mark.parametrize("refused", [
+    # a readable event time on a message the parse refuses (a bad status, an unknown contract,
+    # a repeated field name): it moved the replay's watermark to year 9999 and made every
+    # message after it late
+    '{"join_id":"x","branch":"a","status":"bogus","event_time":"9999-12-31T00:00:00Z"}',
+    '{"join_id":"x","branch":"a","status":"ok","event_time":"9999-12-31T00:00:00Z",'
+    '"contract":"nope"}',
+    '{"join_id":"x","join_id":"y","branch":"a","status":"ok",'
+    '"event_time":"9999-12-31T00:00:00Z"}',
+])
+def test_a_refused_message_with_a_far_time_moves_no_watermark(tmp_path: Path,
+                                                               refused: str) -> None:
+    receipt_b = RECEIPT.replace('"a"', '"b"')
+    found = _same_as_bounded([refused, OPEN, RECEIPT, receipt_b], tmp_path)
+    assert ("closes", "j1", "complete") in found
+    assert not [kind for kind, *_ in found if kind == "late"]

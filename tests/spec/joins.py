@@ -4,9 +4,10 @@ runs on hypothesis draws (shrinkable) or on a seeded ``random.Random`` (cheap, f
 A join has zero, one or two opens (duplicate or conflicting), receipts before and after its
 ``opened_at`` and deadline, definitions carried only by receipts (``contract``,
 ``opened_at``), skips with path prefixes, retries, redeliveries, changed duplicates, key
-conflicts, schema violations, several contracts, ties on the millisecond, and stragglers
-after a tombstone expired (contract ``c6`` keeps its tombstone 5 s). Every choice
-shrinks towards the plain case (no feature).
+conflicts, schema violations, several contracts, ties on the millisecond, stragglers
+after a tombstone expired (contract ``c6`` keeps its tombstone 5 s), and messages docs/spec.md
+§1 refuses (bad fields, repeated names, NaN, 1e400, lone surrogates, nesting 65 deep, not an
+object, cut short). Every choice shrinks towards the plain case (no feature).
 """
 
 from __future__ import annotations
@@ -189,9 +190,45 @@ def join_messages(d: Draw, join_id: str, base: int = BASE_MS) -> list[dict[str, 
     return [msgs[i] for i in order]
 
 
-def batch_lines(d: Draw, joins: int, spacing_ms: int = 100) -> list[str]:
-    """The lines of ``joins`` joins, their times overlapping, interleaved."""
-    per_join = [[json.dumps(m, ensure_ascii=False)
+# Changes that make a message one docs/spec.md §1 refuses (or, the last ones, one it reads
+# as before): to its fields, or to its text
+_BAD_FIELDS: list[tuple[str, Any]] = [
+    ("attempt", 0), ("attempt", 2.0), ("attempt", True), ("attempt", 2**63), ("status", "done"),
+    ("event_time", "2026-01-01T00:00:00"), ("event_time", "2026-02-30T00:00:00Z"),
+    ("opened_at", "2026-01-01T24:00:00Z"), ("join_id", ""), ("join_id", 7), ("join_id", None),
+    ("branch", ""), ("contract", "nope"), ("contract", ""), ("kind", "close"), ("key", 5),
+    ("run_id", 7), ("deadline_s", 0), ("deadline_s", "5"), ("allow_partial", "true"),
+    ("required", ["a", ""]), ("optional", "o"), ("event_time", None), ("error", False),
+    ("opened_at", "2026-01-01T00:00:00+24:00"), ("extra", "kept"), ("opened_at", None),
+]
+_BAD_TEXTS = [
+    lambda line: line[:-1] + ',"join_id":"other"}',  # a repeated name
+    lambda line: line[:-1] + ',"extra":NaN}',
+    lambda line: line[:-1] + ',"extra":1e400}',
+    lambda line: line[:-1] + ',"extra":"\\ud800"}',  # a lone surrogate escape
+    lambda line: line[:-1] + ',"extra":' + "[" * 64 + "]" * 64 + "}",  # 65 deep
+    lambda line: line[:-1] + ',"extra":' + "[" * 63 + "]" * 63 + "}",  # 64 deep: read
+    lambda line: "[" + line + "]",
+    lambda line: line[:-1],
+    lambda line: "   ",
+]
+
+
+def _broken(d: Draw, msg: dict[str, Any]) -> str:
+    """``msg`` changed by one of the changes above, as a line."""
+    if d.chance(50):
+        name, value = d.pick(_BAD_FIELDS)
+        msg = {**msg, name: value}
+        if name == "optional" and msg.get("kind") == "open" and d.chance(50):
+            msg.update(required=["a", "b"], optional=["b"])  # both required and optional
+        return json.dumps(msg, ensure_ascii=False)
+    return str(d.pick(_BAD_TEXTS)(json.dumps(msg, ensure_ascii=False)))
+
+
+def batch_lines(d: Draw, joins: int, spacing_ms: int = 100, broken: int = 4) -> list[str]:
+    """The lines of ``joins`` joins, their times overlapping, interleaved; each message is
+    changed into one §1 refuses (mostly) with ``broken`` percent chance."""
+    per_join = [[_broken(d, m) if d.chance(broken) else json.dumps(m, ensure_ascii=False)
                  for m in join_messages(d, f"j{i}", BASE_MS + spacing_ms * i)]
                 for i in range(joins)]
     lines: list[str] = []

@@ -92,6 +92,15 @@ def replay_run(lines: list[str], folder: Path, contracts_yaml: str, env: Env,
     return read_output_dir(folder / "out")
 
 
+def _join_id(line: str) -> Any:
+    """The ``join_id`` field of a line that is a JSON object (any value), else None."""
+    try:
+        obj = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    return obj.get("join_id") if isinstance(obj, dict) else None
+
+
 def by_join(outputs: Outputs) -> dict[str, dict[str, list[str]]]:
     """join id -> kind -> sorted canonical lines (dead letters as ``{error, raw}``)."""
     found: dict[str, dict[str, list[str]]] = defaultdict(lambda: {k: [] for k in KINDS})
@@ -100,10 +109,7 @@ def by_join(outputs: Outputs) -> dict[str, dict[str, list[str]]]:
     for late in outputs["late"]:
         found[late["join_id"]]["late"].append(json.dumps(late, sort_keys=True))
     for dead in outputs["dead_letter"]:
-        try:
-            join_id = json.loads(dead["raw"])["join_id"]
-        except (ValueError, TypeError, KeyError):
-            join_id = None
+        join_id = _join_id(dead["raw"])
         found[join_id]["dead_letter"].append(
             json.dumps({"error": dead["error"], "raw": dead["raw"]}, sort_keys=True))
     for kinds in found.values():
@@ -114,10 +120,7 @@ def by_join(outputs: Outputs) -> dict[str, dict[str, list[str]]]:
 
 def _lines_of(join_id: str | None, lines: list[str]) -> list[str]:
     def owner(line: str) -> Any:
-        try:
-            return json.loads(line).get("join_id")
-        except ValueError:
-            return None
+        return _join_id(line)
     return [line for line in lines if owner(line) == join_id]
 
 
