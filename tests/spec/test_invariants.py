@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from spec.invariants import check_run
-from spec.reference import Env, reference_outputs
+from spec.reference import Env, Refused, read_contracts, read_message, reference_outputs
 from spec.runs import bounded_run, replay_run
 
 CONTRACTS_YAML = """\
@@ -147,3 +147,19 @@ def test_eager_allows_late_lines_before_closed_at(good: dict[str, list[dict[str,
     check_run(RUN, broken, eager=True)
     with pytest.raises(AssertionError, match="event time <= closed_at"):
         check_run(RUN, broken)
+
+
+CORPUS = sorted((Path(__file__).resolve().parents[1] / "data" / "fuzz_corpus").glob("*.bin"))
+
+
+@pytest.mark.parametrize("path", [pytest.param(p, id=p.stem) for p in CORPUS])
+def test_the_reference_reads_the_parse_corpus_as_named(path: Path) -> None:
+    """The reference's own reading of docs/spec.md §1 gives each input of the parse's fuzz
+    corpus (``<outcome>--<label>.bin``, contracts ``triage`` and ``review``) its outcome."""
+    contracts = read_contracts("contracts: [{name: triage}, {name: review}]")
+    try:
+        read_message(1, path.read_bytes(), contracts)
+        outcome = "ok"
+    except Refused as exc:
+        outcome = exc.args[0]
+    assert outcome == path.stem.split("--", 1)[0]
