@@ -93,19 +93,30 @@ class Cluster:
         return os.path.join(self.directory, f"flink-{user}-{role}.pid")
 
     def pid(self, role: str) -> int | None:
-        """The live process of ``role`` (None if it has no pid file or is not running)."""
+        """The live process of ``role`` its pid file names (None if it has no pid file, or
+        names no live process that is this cluster's ``role``: ``ours``)."""
         try:
             with open(self.pid_file(role), encoding="ascii") as handle:
                 pids = [int(p) for p in handle.read().split()]
         except (OSError, ValueError):
             return None
         for pid in reversed(pids):
-            try:
-                os.kill(pid, 0)
-            except OSError:
-                continue
-            return pid
+            if pid > 1 and self.ours(role, pid):
+                return pid
         return None
+
+    def ours(self, role: str, pid: int) -> bool:
+        """Whether process ``pid`` runs and is this cluster's ``role``, by its command line:
+        a pid file can outlive its process, and the pid then name another (or say -1)."""
+        command = _command_line(pid)
+        if command is None:
+            return False
+        if role == "pool":
+            return "worker_pool_main" in command and \
+                f"--service_port={self.pool_port}" in command
+        entry = {"standalonesession": "StandaloneSessionClusterEntrypoint",
+                 "taskexecutor": "TaskManagerRunner"}[role]
+        return entry in command and os.path.join(self.directory, "conf") in command
 
     def overview(self) -> dict[str, Any] | None:
         """The REST API's ``/overview`` (None if the JobManager does not answer)."""
@@ -114,6 +125,24 @@ class Cluster:
                 return json.load(reply)
         except (OSError, ValueError):
             return None
+
+
+def _command_line(pid: int) -> str | None:
+    """The command line of live process ``pid`` (arguments joined by spaces), else None."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            return handle.read().replace(b"\0", b" ").decode("utf-8", "replace")
+    except FileNotFoundError:
+        if os.path.isdir("/proc/self"):
+            return None  # /proc is there: no such process
+    except OSError:
+        return None
+    try:  # no /proc (macOS)
+        found = subprocess.run(["ps", "-p", str(pid), "-o", "command="],  # noqa: S603, S607
+                               capture_output=True, text=True, check=False)
+    except OSError:
+        return None
+    return found.stdout.strip() or None
 
 
 def _env(cluster: Cluster) -> dict[str, str]:
@@ -185,10 +214,15 @@ def start(cluster: Cluster, timeout_s: float = 90.0, say: Any = print) -> Cluste
 
 
 def stop(cluster: Cluster, say: Any = print) -> None:
-    """End the cluster's processes (those its pid files name and that still run)."""
+    """End the cluster's processes: those its pid files name that still run and are this
+    cluster's (``Cluster.ours``); a pid file that names none is removed, nothing signalled."""
     for role in ("pool", "taskexecutor", "standalonesession"):
         pid = cluster.pid(role)
         if pid is None:
+            if os.path.exists(cluster.pid_file(role)):
+                os.remove(cluster.pid_file(role))
+                say(f"flink-cluster: {role}: its pid file names no process of this cluster; "
+                    "removed it, signalled nothing")
             continue
         if role == "pool":  # its own session: the SDK workers it spawned end with it
             os.killpg(pid, signal.SIGTERM)
