@@ -155,13 +155,18 @@ def _run(args: argparse.Namespace, beam_args: Sequence[str]) -> int:
                                                 ("dead_letter", args.dead_letter_topic))
                 if topic})
         from fanin.runners.dry_run import maybe_dry_run
-        from fanin.runners.toolchain import runner_failure, with_local_job_server
+        from fanin.runners.toolchain import (
+            check_job_endpoint,
+            runner_failure,
+            with_local_job_server,
+        )
 
         beam_args = with_local_job_server(beam_args)
 
         code = maybe_dry_run(args, config, beam_args)
         if code is not None:
             return code
+        check_job_endpoint(beam_args)
         runner = None
         if args.job_server_options:
             from fanin.runners.job_server_options import checked_runner

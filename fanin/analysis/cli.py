@@ -11,8 +11,10 @@ gets ``func=callable(args) -> int``:
 A folder a run is still writing, or one whose run stopped before its end
 (``fanin.io.output_lock``), gets one warning line on stderr first; the command runs on.
 
-Exit codes: 0 success; 2 for a missing DIR, bad or refused SQL, malformed output files or an
-unwritable FILE, reported as one line on stderr (``fanin <cmd>: error: ...``), no traceback.
+Exit codes: 0 success; 2 for a missing DIR, bad or refused SQL, malformed output files, an
+unwritable FILE, a result beyond 1,000,000 rows or half the machine's memory, reported as one
+line on stderr (``fanin <cmd>: error: ...``), no traceback; 130 for Ctrl-C (one line; it
+stops a running statement).
 """
 
 from __future__ import annotations
@@ -43,6 +45,9 @@ def _guarded(name: str, body: Callable[[argparse.Namespace], None]) -> Callable[
             lines = str(exc).strip().splitlines() or [type(exc).__name__]
             print(f"fanin {name}: error: {lines[0]}", file=sys.stderr)
             return 2
+        except KeyboardInterrupt:
+            print(f"fanin {name}: interrupted", file=sys.stderr)
+            return 130
         return 0
 
     run.__name__ = f"cmd_{name}"

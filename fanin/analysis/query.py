@@ -58,6 +58,7 @@ import json
 import math
 import os
 import re
+import threading
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -87,10 +88,22 @@ def _visible(path: Path, root: Path) -> bool:
 
 
 def _output_files(folder: Path, suffix: str) -> list[Path]:
-    """Sorted visible ``*<suffix>`` files anywhere under ``folder`` (none if it is missing)."""
+    """Sorted visible ``*<suffix>`` files anywhere under ``folder`` (none if it is missing); a
+    visible folder under it that cannot be listed raises ``PermissionError`` (its files would
+    be left out silently)."""
     if not folder.is_dir():
         return []
-    return sorted(p for p in folder.rglob(f"*{suffix}") if p.is_file() and _visible(p, folder))
+    found: list[Path] = []
+
+    def unlisted(error: OSError) -> None:
+        if error.filename is None or _visible(Path(error.filename), folder.parent):
+            raise PermissionError(f"cannot list {error.filename or folder}: "
+                                  f"{error.strerror or error}")
+
+    for root, dirs, names in os.walk(folder, onerror=unlisted):
+        dirs[:] = [name for name in dirs if not name.startswith((".", "_"))]
+        found.extend(Path(root, name) for name in names if name.endswith(suffix))
+    return sorted(p for p in found if p.is_file() and _visible(p, folder))
 
 
 def _read_jsonl(kind: str, files: Sequence[Path]) -> pa.Table:
@@ -111,7 +124,11 @@ def _read_jsonl(kind: str, files: Sequence[Path]) -> pa.Table:
 def _check_parquet(kind: str, files: Sequence[Path]) -> None:
     expected = tables.schema(kind)
     for file in files:
-        found = pq.read_schema(file)
+        try:
+            found = pq.read_schema(file)
+        except pa.ArrowException as exc:  # not Parquet, or damaged: the file is named
+            lines = str(exc).strip().splitlines() or [type(exc).__name__]
+            raise ValueError(f"{file}: not a readable Parquet file: {lines[0]}") from None
         if found.remove_metadata() != expected.remove_metadata() or found.names != expected.names:
             raise ValueError(f"{file}: Parquet schema differs from the {kind} schema")
 
@@ -159,6 +176,20 @@ def _check_layout(root: Path) -> None:
                          "dead_letter/ folder")
 
 
+def _memory_limit() -> str:
+    """Half of this machine's memory (DuckDB's own default, 80 %, let a query and Python's
+    copy of its result exhaust it: the process was killed); a statement needing more fails
+    with DuckDB's out-of-memory error, one line."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not POSIX: DuckDB's default
+        return "80%"
+    return f"{max(total // 2 // 2**20, 256)}MB"
+
+
+_MEMORY_LIMIT = _memory_limit()
+
+
 def open_outputs(directory: str | os.PathLike[str]) -> duckdb.DuckDBPyConnection:
     """Locked-down in-memory connection with views ``closes``, ``late``, ``dead_letter``.
 
@@ -171,7 +202,8 @@ def open_outputs(directory: str | os.PathLike[str]) -> duckdb.DuckDBPyConnection
     _check_layout(root)
     con = duckdb.connect(
         ":memory:",
-        config={"autoinstall_known_extensions": False, "autoload_known_extensions": False},
+        config={"autoinstall_known_extensions": False, "autoload_known_extensions": False,
+                "memory_limit": _MEMORY_LIMIT},
     )
     try:
         con.execute("SET TimeZone = 'UTC'")
@@ -278,6 +310,61 @@ def _render(names: Sequence[str], types: Sequence[str], rows: Sequence[tuple[Any
     raise ValueError(f"unknown format {fmt!r}; expected one of {FORMATS}")
 
 
+def _outside_outputs(directory: str | os.PathLike[str], out: str | os.PathLike[str]) -> None:
+    """Refuse an ``--out`` FILE inside the folder's output folders: it would become one more
+    output file (or replace one) that the next query reads."""
+    target = os.path.realpath(out)
+    for kind in tables.KINDS:
+        folder = os.path.realpath(os.path.join(directory, kind))
+        if os.path.commonpath([folder, target]) == folder:
+            raise ValueError(f"--out {out}: is in {os.path.join(directory, kind)}, which holds "
+                             "the outputs queried; give a file outside it")
+
+
+MAX_ROWS = 1_000_000  # a result's rows, all held in memory to be rendered
+
+
+def _fetch(con: duckdb.DuckDBPyConnection, sql: str
+           ) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """The statement's description and rows; ``ValueError`` beyond ``MAX_ROWS`` rows."""
+    cursor = con.execute(sql)
+    description = list(cursor.description or [])
+    rows = cursor.fetchmany(MAX_ROWS + 1) if description else []
+    if len(rows) > MAX_ROWS:
+        raise ValueError(f"the result has more than {MAX_ROWS:,} rows: add a LIMIT, or "
+                         "aggregate")
+    return description, rows
+
+
+def _interruptible(con: duckdb.DuckDBPyConnection, sql: str
+                   ) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """``_fetch`` in a worker thread, so that Ctrl-C stops it: DuckDB does not see Python's
+    signals while a statement runs. On ``KeyboardInterrupt`` the statement is interrupted
+    (until the worker has ended) and the interrupt raised again."""
+    result: dict[str, Any] = {}
+    done = threading.Event()  # (Thread.is_alive can be wrong after an interrupted join)
+
+    def work() -> None:
+        try:
+            result["value"] = _fetch(con, sql)
+        except BaseException as exc:  # handed to the caller's thread
+            result["error"] = exc
+        finally:
+            done.set()
+
+    threading.Thread(target=work, name="fanin-query", daemon=True).start()
+    try:
+        done.wait()
+    except KeyboardInterrupt:
+        con.interrupt()
+        while not done.wait(0.1):  # an interrupt before the statement began stops nothing
+            con.interrupt()
+        raise
+    if "error" in result:
+        raise result["error"]
+    return result["value"]  # type: ignore[no-any-return]
+
+
 def run_query(
     directory: str | os.PathLike[str],
     sql: str,
@@ -292,12 +379,12 @@ def run_query(
     """
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; expected one of {FORMATS}")
+    if out is not None:
+        _outside_outputs(directory, out)
     con = open_outputs(directory)
     try:
         _check_read_only(con, sql)
-        cursor = con.execute(sql)
-        description = cursor.description or []
-        rows = cursor.fetchall() if description else []
+        description, rows = _interruptible(con, sql)
     finally:
         con.close()
     text = _render([d[0] for d in description], [str(d[1]) for d in description], rows, fmt)

@@ -18,6 +18,7 @@ Guarantees:
 from __future__ import annotations
 
 import math
+import os
 import re
 import sys
 from collections.abc import Hashable, Mapping
@@ -365,7 +366,11 @@ def parse_contracts(text: str, origin: str = "<contracts>") -> dict[str, Contrac
 
 
 def load_contracts(path: str) -> dict[str, Contract]:
-    """Read a contracts file from a local path or any Beam filesystem path (gs://...)."""
+    """Read a contracts file from a local path or any Beam filesystem path (gs://...); a
+    local path that is not a regular file (a named pipe, a device) is refused unread."""
+    if "://" not in path and os.path.exists(path) and not os.path.isfile(path):
+        kind = "a folder" if os.path.isdir(path) else "not a regular file"
+        raise ContractsError(f"{path}: cannot read contracts file: {kind}")
     try:
         from apache_beam.io.filesystems import FileSystems
 

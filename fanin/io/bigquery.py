@@ -15,7 +15,8 @@ Guarantees:
   BigQuery's 10 MB row limit) is not retried forever: Beam logs it and counts it, and the row is
   still in the output files, which are the record. Why not the Storage Write API:
   ``docs/runners.md`` ("BigQuery").
-- Nothing here touches the network until the pipeline runs.
+- Nothing here touches the network until the pipeline runs, except ``check_credentials``
+  (Google's credential lookup), which a run calls before it starts.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from apache_beam.pvalue import PCollection, PDone
 
 from fanin.contracts.tables import bigquery_schema, to_bigquery_row
 
-__all__ = ["WriteOutputTable", "validate_dataset", "write_method"]
+__all__ = ["WriteOutputTable", "check_credentials", "validate_dataset", "write_method"]
 
 _DATASET = re.compile(r"(?:[a-z][-a-z0-9.:]{4,61}[a-z0-9][:.])?[A-Za-z0-9_]{1,1024}\Z")
 
@@ -40,6 +41,20 @@ def validate_dataset(dataset: str) -> str:
     if not _DATASET.match(dataset):
         raise ValueError(f"--bigquery-dataset {dataset!r}: expected PROJECT:DATASET or DATASET")
     return dataset
+
+
+def check_credentials() -> None:
+    """Raise ``ValueError`` (one line) when there are no Google credentials to reach BigQuery
+    with: Beam would retry its first BigQuery call with tracebacks, then fail the job."""
+    import google.auth
+    from google.auth.exceptions import DefaultCredentialsError
+
+    try:
+        google.auth.default()
+    except DefaultCredentialsError:
+        raise ValueError("--bigquery-dataset: no Google credentials to reach BigQuery: set up "
+                         "Application Default Credentials (gcloud auth application-default "
+                         "login, or GOOGLE_APPLICATION_CREDENTIALS)") from None
 
 
 def write_method(streaming: bool) -> str:

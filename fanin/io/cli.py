@@ -56,7 +56,7 @@ def add_subcommand(subparsers: argparse._SubParsersAction[argparse.ArgumentParse
     parser.add_argument("--topic", required=True, help="projects/PROJECT/topics/TOPIC")
     parser.add_argument(
         "--progress-every",
-        type=int,
+        type=_count,
         default=1000,
         metavar="N",
         help="report progress on stderr every N messages (0: never; default 1000)",
@@ -72,6 +72,17 @@ def add_subcommand(subparsers: argparse._SubParsersAction[argparse.ArgumentParse
     parser.set_defaults(func=run_publish)
 
 
+def _count(text: str) -> int:
+    """An integer >= 0 (argparse type)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 (0: never), not {value}")
+    return value
+
+
 def _service() -> str:
     host = os.environ.get("PUBSUB_EMULATOR_HOST")
     return f"the Pub/Sub emulator at {host} (PUBSUB_EMULATOR_HOST)" if host else "Pub/Sub"
@@ -83,15 +94,18 @@ def run_publish(args: argparse.Namespace) -> int:  # noqa: C901 (one exit per pu
 
     from fanin.io.inputs import UnreadableInput
     from fanin.io.publish import publish_file
-    from fanin.io.pubsub import validate_topic_path
+    from fanin.io.pubsub import check_emulator_host, validate_topic_path
 
     try:
         validate_topic_path(args.topic)
+        check_emulator_host()
     except ValueError as exc:
         print(f"fanin publish: {exc}", file=sys.stderr)
         return 2
     if args.file != "-" and not os.path.isfile(args.file):
-        print(f"fanin publish: no such file: {args.file}", file=sys.stderr)
+        what = "no such file" if not os.path.exists(args.file) else \
+            "a folder, not a file" if os.path.isdir(args.file) else "not a regular file"
+        print(f"fanin publish: {what}: {args.file}", file=sys.stderr)
         return 2
     every = args.progress_every
 

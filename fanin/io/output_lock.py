@@ -6,9 +6,9 @@ Guarantees (local folders; a ``gs://`` folder has neither, docs/reliability.md):
   A second run on the same folder, from this process or another, is refused at once
   (``FolderBusy``, naming the holder's process) before it checks, deletes or writes anything.
 - ``finish()`` (the run wrote all of its outputs) deletes the mark, then lets the lock go.
-  ``release()`` (the run failed) lets the lock go and leaves the mark: the folder's outputs are
-  partial, and a run killed outright leaves it too. ``abandon()`` (the run was refused before
-  it changed anything) leaves the folder as it found it: the mark only if it was there.
+  ``release()`` (the run failed after writing) lets the lock go and leaves the mark: the
+  folder's outputs are partial, and a run killed outright leaves it too. ``abandon()`` (the
+  run was refused, or failed before it wrote anything) leaves the mark only if it was there.
 - ``folder_state(output)``: ``RUNNING`` while a run holds the lock, ``UNFINISHED`` when the mark
   is there and nobody holds it (the run that made it stopped before its end), else None.
 """

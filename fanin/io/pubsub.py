@@ -93,6 +93,22 @@ def validate_topic_path(topic: str) -> str:
     return validate_pubsub_path(topic, "topics")
 
 
+_HOST_PORT = re.compile(r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):([0-9]{1,5})\Z")
+
+
+def check_emulator_host() -> None:
+    """``PUBSUB_EMULATOR_HOST``, when set, is ``HOST:PORT`` (port 1-65535): else
+    ``ValueError`` naming it (the client took any text and waited, then failed every
+    message)."""
+    host = os.environ.get("PUBSUB_EMULATOR_HOST")
+    if host is None:
+        return
+    match = _HOST_PORT.match(host)
+    if match is None or not 0 < int(match.group(1)) < 65536:
+        raise ValueError(f"PUBSUB_EMULATOR_HOST={host!r}: give HOST:PORT (such as "
+                         "localhost:8085), or unset it to use Pub/Sub")
+
+
 def check_pubsub_resources(subscription: str | None = None, topics: Sequence[str] = (),
                            timeout_s: float = 30.0) -> None:
     """Ask Pub/Sub (or the emulator at ``PUBSUB_EMULATOR_HOST``) whether ``subscription`` and
@@ -105,6 +121,7 @@ def check_pubsub_resources(subscription: str | None = None, topics: Sequence[str
     from google.api_core import exceptions
     from google.auth.exceptions import DefaultCredentialsError
 
+    check_emulator_host()
     where = os.environ.get("PUBSUB_EMULATOR_HOST") or "pubsub.googleapis.com"
     asks = [("subscription", s) for s in (subscription,) if s] + [("topic", t) for t in topics]
     if not asks:

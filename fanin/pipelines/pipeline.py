@@ -103,6 +103,8 @@ class RunConfig:
     def validate(self) -> None:
         if not self.output:
             raise ConfigError("--output is required")
+        if self.contracts_path == "" or "" in self.inputs:  # "" is no file (a glob of all)
+            raise ConfigError("--contracts and --input name a file: an empty one names none")
         sources = bool(self.inputs) + bool(self.subscription) + bool(self.topic)
         if sources != 1:
             raise ConfigError("give exactly one of --input, --subscription, --topic")
@@ -390,6 +392,9 @@ def _checked_folders(output: str, folders: list[str], overwrite: bool, continues
         for path in (output, folder):
             if os.path.exists(path) and not os.path.isdir(path):
                 raise ConfigError(f"--output: {path} is a file, not a folder")
+        if os.path.islink(folder) and not os.path.exists(folder):
+            raise ConfigError(f"--output: {folder} is a symbolic link to nothing "
+                              f"({os.readlink(folder)})")
         if os.path.isdir(folder) and os.listdir(folder) and (overwrite or not continues):
             if not overwrite:
                 raise ConfigError(f"{output} already holds outputs; pass --overwrite to "
@@ -564,6 +569,10 @@ def run_pipeline(config: RunConfig, beam_args: Sequence[str],
     options = configure_options(config, beam_args)
     runner = options.view_as(StandardOptions).runner
     _check_bigquery_options(config, options)
+    if config.bigquery_dataset:
+        from fanin.io.bigquery import check_credentials
+
+        check_credentials()
     if (options.view_as(DirectOptions).direct_num_workers or 0) < 0:
         raise ConfigError("--direct_num_workers must be 1 or more (0: as many as the machine "
                           "has cores)")
@@ -592,8 +601,10 @@ def run_pipeline(config: RunConfig, beam_args: Sequence[str],
         with drain_on_signals(drain, _LOG) if drain else contextlib.nullcontext():
             result.wait_until_finish()
     except BaseException:
-        if lock is not None:
+        if lock is not None and _holds_files(config.output):
             lock.release()  # the outputs are partial: the folder keeps its mark
+        elif lock is not None:
+            lock.abandon()  # refused before it wrote anything (at submission)
         raise
     if lock is not None:
         lock.finish()
@@ -602,6 +613,12 @@ def run_pipeline(config: RunConfig, beam_args: Sequence[str],
 
         report_unpublished()  # what the run's topics lack, before its summary line
     return result
+
+
+def _holds_files(output: str) -> bool:
+    """Whether an output folder of ``output`` holds any file (temporary ones too)."""
+    return any(names for kind in (CLOSES, LATE, DEAD_LETTER)
+               for _, _, names in os.walk(os.path.join(output, kind)))
 
 
 def _locked_output(config: RunConfig) -> OutputLock:

@@ -25,12 +25,10 @@ Guarantees:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import hashlib
 import json
 import os
 import sys
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,7 +52,9 @@ from apache_beam.runners import pipeline_context
 from apache_beam.transforms import userstate
 from google.protobuf import json_format
 
+from fanin.io.files import atomic_write
 from fanin.pipelines.pipeline import RunConfig, build, catalog_for, configure_options
+from fanin.transforms.read import expand_inputs
 
 __all__ = [
     "DryRunError",
@@ -276,25 +276,30 @@ def _check_out_path(path: str) -> None:
 
 
 def _write_json(path: str, obj: dict[str, Any]) -> None:
-    """Write ``obj`` to ``path`` atomically. Failure: ``DryRunError`` naming ``path``; the
-    temporary file is removed whatever happens."""
-    folder = os.path.dirname(os.path.abspath(path))
-    tmp: str | None = None
+    """Write ``obj`` to ``path`` as ``atomic_write`` writes a file (a named pipe or a
+    descriptor is written in place, never replaced). Failure: ``DryRunError`` naming
+    ``path``."""
+    text = json.dumps(obj, indent=1, sort_keys=True, default=str).encode("utf-8")
     try:
-        os.makedirs(folder, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".dry-run-", suffix=".tmp")
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(obj, handle, indent=1, sort_keys=True, default=str)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-        tmp = None
-    except OSError as exc:
-        raise DryRunError(f"--dry-run {path}: cannot write it: {exc.strerror or exc}"
-                          ) from None
-    finally:
-        if tmp is not None:
-            with contextlib.suppress(OSError):
-                os.remove(tmp)
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        atomic_write(path, lambda handle: handle.write(text))
+    except OSError as exc:  # atomic_write names the file: said once here
+        reason = exc.strerror or str(exc).removeprefix(f"cannot write {path!r}: ")
+        raise DryRunError(f"--dry-run {path}: cannot write it: {reason}") from None
+
+
+def _not_an_input(path: str, config: RunConfig) -> None:
+    """Refuse a ``--dry-run`` FILE that is one of the run's inputs or its contracts file (it
+    would be replaced by the report)."""
+    if not os.path.exists(path):
+        return
+    named = [("input", given) for given in
+             (expand_inputs(config.inputs) if config.inputs else [])]
+    named.append(("contracts file", config.contracts_path or ""))
+    for what, given in named:
+        if given and "://" not in given and os.path.exists(given) and \
+                os.path.samefile(given, path):
+            raise DryRunError(f"--dry-run {path}: is the run's {what}; give another file")
 
 
 def dry_run(config: RunConfig, beam_args: Sequence[str], out_path: str) -> DryRunReport:
@@ -311,6 +316,7 @@ def dry_run(config: RunConfig, beam_args: Sequence[str], out_path: str) -> DryRu
     if config.contracts_path:
         _local("--contracts", config.contracts_path)
     _check_out_path(out_path)
+    _not_an_input(out_path, config)
     catalog = catalog_for(config)
     options = configure_options(config, beam_args)
     standard = options.view_as(StandardOptions)

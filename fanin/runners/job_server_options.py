@@ -13,12 +13,15 @@ Guarantees:
   ``--name=value`` or ``--name value``); ``ValueError`` (one line) for any other runner, and
   for an argument that is not of those forms.
 - ``checked_runner(beam_args, names)``: the runner of ``beam_args``, whose submission raises
-  ``ValueError`` naming every option of ``names`` its job server does not define, before the
-  job is submitted (nothing runs; Beam stops the job server it started when the process exits).
+  ``ValueError`` naming every option of ``names`` its job server does not define, or the one
+  whose value does not read as the job server's type (one line), before the job is
+  submitted (nothing runs; Beam stops the job server it started when the process exits).
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import re
 from collections.abc import Sequence
 from typing import Any, cast
@@ -78,8 +81,16 @@ class _CheckedHandle(JobServiceHandle):
         self._names = tuple(names)
 
     def get_pipeline_options(self) -> Any:
-        """Beam's options for the job, once every passed-through option is among them."""
-        options = super().get_pipeline_options()
+        """Beam's options for the job, once every passed-through option is among them and
+        reads as its job server's type (Beam's parser printed its whole usage and exited)."""
+        said = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(said):
+                options = super().get_pipeline_options()
+        except SystemExit:
+            why = next((line.split(": error: ", 1)[1] for line in said.getvalue().splitlines()
+                        if ": error: " in line), "an option it cannot read")
+            raise ValueError(f"the {self._runner} job server's options: {why}") from None
         missing = [f"--{name}" for name in self._names
                    if f"beam:option:{name}:v1" not in options.fields]
         if missing:

@@ -30,6 +30,7 @@ import os
 import platform
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -227,6 +228,27 @@ def with_local_job_server(beam_args: Sequence[str]) -> list[str]:
         return args
     jar = flink_job_server_jar()
     return [*args, f"--flink_job_server_jar={jar}"] if os.path.isfile(jar) else args
+
+
+def check_job_endpoint(beam_args: Sequence[str]) -> None:
+    """A ``--job_endpoint`` HOST:PORT that refuses connections is bad use, said at once
+    (``ValueError``): Beam would wait ``--job_server_timeout`` (300 s) without a word. One
+    that does not answer within 5 s is left to Beam's own wait."""
+    from apache_beam.options.pipeline_options import PipelineOptions, PortableOptions
+
+    endpoint = PipelineOptions(list(beam_args)).view_as(PortableOptions).job_endpoint
+    if not endpoint or endpoint == "embed":
+        return
+    host, _, port = endpoint.rpartition(":")
+    if not port.isdigit() or not host:
+        raise ValueError(f"--job_endpoint {endpoint}: give HOST:PORT")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
+    except (ConnectionRefusedError, socket.gaierror) as exc:
+        raise ValueError(f"--job_endpoint {endpoint}: no job service there "
+                         f"({exc.strerror or exc})") from None
+    except OSError:  # slow or filtered: Beam's wait decides
+        return
 
 
 def _runner_of(beam_args: Sequence[str]) -> str | None:

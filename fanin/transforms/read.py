@@ -2,7 +2,8 @@
 
 Guarantees:
 - ``expand_inputs`` resolves globs with Beam's FileSystems (local paths, gs://, ...) and raises
-  ``FileNotFoundError`` naming the pattern when it matches no file (a folder is not a file).
+  ``FileNotFoundError`` naming the pattern when it matches no file (a folder is not a file),
+  and ``ValueError`` for a local match that is not a regular file (a named pipe, a device).
   A file matched twice is read once, also under two spellings of a local path (``./F``,
   ``d/../F``, a symbolic link: its first spelling is kept).
 - ``numbered_lines`` yields ``(line_bytes, (path, n))`` for every line of a file, in file
@@ -20,6 +21,7 @@ Guarantees:
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -51,6 +53,10 @@ def expand_inputs(patterns: Sequence[str]) -> list[str]:
                    for m in result.metadata_list if not os.path.isdir(m.path)]
         if not matched:
             raise FileNotFoundError(f"input matches no file: {pattern}")
+        for path in matched:  # a pipe or a device would block the job's read, or never end
+            if "://" not in path and not stat.S_ISREG(os.stat(path).st_mode):
+                raise ValueError(f"input is not a regular file (a pipe, a device or a socket): "
+                                 f"{path}")
         paths.extend(sorted(matched))
     unique: dict[str, str] = {}  # the file -> its first spelling
     for path in paths:

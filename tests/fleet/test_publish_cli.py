@@ -11,6 +11,7 @@ import sys
 import threading
 from pathlib import Path
 
+import pytest
 from support.child_env import same_code_env
 from support.emulator import PubSubEmulator, wait_for
 from support.fanin_runs import jsonl_lines
@@ -161,3 +162,29 @@ def test_a_file_not_of_its_suffixs_format_is_one_line_and_nothing_is_sent(
                                   "start (zlib.error: ")
     assert len(done.stderr.splitlines()) == 1 and done.stdout == ""
     assert pubsub_emulator.pull(subscription) == []
+
+
+def test_bad_use_is_one_line_before_anything_is_sent(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A ``PUBSUB_EMULATOR_HOST`` that is not HOST:PORT (the client took it and waited, then
+    failed every message: ``sent=0 failed=117``, exit 1; a newline in it split the error), a
+    folder as FILE (it said ``no such file``); a negative ``--progress-every`` (accepted)."""
+    data = tmp_path / "in.jsonl"
+    data.write_bytes(OPEN + b"\n")
+    topic = ["--topic", "projects/my-project/topics/fanin-in"]
+    for host in ("garbage", "127.0.0.1:99999", "::::", "a\nb:1"):
+        monkeypatch.setenv("PUBSUB_EMULATOR_HOST", host)
+        assert fanin_main(["publish", *topic, str(data)]) == 2
+        assert capsys.readouterr().err.splitlines() == [
+            f"fanin publish: PUBSUB_EMULATOR_HOST={host!r}: give HOST:PORT (such as "
+            "localhost:8085), or unset it to use Pub/Sub"]
+    monkeypatch.setenv("PUBSUB_EMULATOR_HOST", "localhost:1")
+    assert fanin_main(["publish", *topic, str(tmp_path)]) == 2
+    assert capsys.readouterr().err.splitlines() == \
+        [f"fanin publish: a folder, not a file: {tmp_path}"]
+    with pytest.raises(SystemExit) as refused:
+        fanin_main(["publish", *topic, "--progress-every", "-1", str(data)])
+    assert refused.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == \
+        "fanin: error: argument --progress-every: must be >= 0 (0: never), not -1"

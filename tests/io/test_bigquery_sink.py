@@ -61,3 +61,30 @@ def test_dataflow_dry_run_with_the_bigquery_sink_finds_no_problem(tmp_path: Path
     assert report.problems == ()
     assert {"BigQuery/closes", "BigQuery/late", "BigQuery/dead_letter"} <= \
         set(report.transform_names)
+
+
+def test_no_credentials_for_bigquery_is_one_line_exit_2(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without Application Default Credentials a run with ``--bigquery-dataset`` is one line,
+    exit 2, before it starts (Beam retried its first BigQuery call with a traceback each, 47
+    lines in 30 s, still running). The absence of credentials is injected: a CI machine on
+    Google Cloud would have some."""
+    import google.auth
+    from google.auth.exceptions import DefaultCredentialsError
+
+    from fanin.cli import main
+
+    def no_credentials(*args: object, **kwargs: object) -> None:
+        raise DefaultCredentialsError("Your default credentials were not found.")
+
+    monkeypatch.setattr(google.auth, "default", no_credentials)
+    example = str(Path(CONTRACTS_PATH).with_name("triage.jsonl"))
+    assert main(["run", "--input", example, "--contracts", CONTRACTS_PATH, "--output",
+                 str(tmp_path / "out"), "--bigquery-dataset", "my-proj:fanin",
+                 "--temp_location", "gs://bucket/tmp"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "fanin: error: --bigquery-dataset: no Google credentials to reach BigQuery: set up "
+        "Application Default Credentials (gcloud auth application-default login, or "
+        "GOOGLE_APPLICATION_CREDENTIALS)"]
+    assert not (tmp_path / "out").exists()

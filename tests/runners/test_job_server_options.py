@@ -4,6 +4,7 @@ runners, and refuses them for every other runner (the job server's own check run
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import pytest
@@ -108,18 +109,36 @@ def test_a_prism_binary_that_cannot_be_fetched_is_one_line(runner: str) -> None:
 
 def test_a_job_service_that_does_not_answer_is_one_line(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """A portable runner's job service that is not there: one line, exit 2, after
-    ``--job_server_timeout`` (a grpc.FutureTimeoutError traceback, after 300 s by default)."""
-    code = cli.main(["run", "--input", str(EXAMPLES / "triage.jsonl"), "--contracts",
-                     str(EXAMPLES / "contracts.yaml"), "--output", str(tmp_path / "out"),
-                     "--runner=PortableRunner", "--job_endpoint=localhost:9",
-                     "--environment_type=LOOPBACK", "--job_server_timeout=1"])
+    """A portable runner's job service that takes the connection but never answers: one line,
+    exit 2, after ``--job_server_timeout`` (a grpc.FutureTimeoutError traceback, after 300 s
+    by default)."""
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # listens, never accepts
+        port = silent.getsockname()[1]
+        code = cli.main(["run", "--input", str(EXAMPLES / "triage.jsonl"), "--contracts",
+                         str(EXAMPLES / "contracts.yaml"), "--output", str(tmp_path / "out"),
+                         "--runner=PortableRunner", f"--job_endpoint=127.0.0.1:{port}",
+                         "--environment_type=LOOPBACK", "--job_server_timeout=1"])
     assert code == 2
     err = capsys.readouterr().err
     assert [line for line in err.splitlines() if line.startswith("fanin: error:")] == [
-        "fanin: error: no job service answered at localhost:9 within 1 s (--job_endpoint, "
-        "--job_server_timeout)"]
+        f"fanin: error: no job service answered at 127.0.0.1:{port} within 1 s "
+        "(--job_endpoint, --job_server_timeout)"]
     assert "Traceback" not in err
+
+
+def test_a_job_endpoint_that_refuses_connections_is_one_line_at_once(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Nothing listens at ``--job_endpoint``: one line, exit 2, without Beam's wait of
+    ``--job_server_timeout`` (300 s of silence by default)."""
+    with socket.create_server(("127.0.0.1", 0)) as free:
+        port = free.getsockname()[1]  # closed again: nothing listens there
+    code = cli.main(["run", "--input", str(EXAMPLES / "triage.jsonl"), "--contracts",
+                     str(EXAMPLES / "contracts.yaml"), "--output", str(tmp_path / "out"),
+                     "--runner=PortableRunner", f"--job_endpoint=127.0.0.1:{port}"])
+    assert code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"fanin: error: --job_endpoint 127.0.0.1:{port}: no job service there "
+        "(Connection refused)")
 
 
 def test_a_job_the_runner_fails_is_one_line_exit_1() -> None:

@@ -104,6 +104,16 @@ def test_flink_takes_its_job_server_options(flink_jar: str, inputs, reference, t
     assert said == ["fanin: error: the FlinkRunner job server defines no option "
                     "--max_bundel_size"]
     assert not [p for p in (tmp_path / "typo").rglob("*") if p.is_file()]
+    # a value its job server's parser cannot read: one line (Beam printed its whole usage)
+    code = main(["run", *[a for f in inputs["mixed"] for a in ("--input", f)], "--contracts",
+                 str(CONTRACTS), "--output", str(tmp_path / "typo"), *FLINK_LOCAL,
+                 "--checkpointing_interval=x"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert [line for line in err.splitlines() if line.startswith("fanin:")] == [
+        "fanin: error: the FlinkRunner job server's options: argument --checkpointing_interval: "
+        "invalid int value: 'x'"]
+    assert "usage:" not in err
 
 
 @pytest.mark.parametrize("runner", ["prism", "flink"])

@@ -1,0 +1,110 @@
+"""``fanin query`` / ``fanin report`` never answer from part of a folder silently, and never
+write into the outputs they read: an output folder this user cannot list is one line, exit 2
+(it read as zero rows); ``query --out`` inside an output folder is refused (the next query
+failed on the file it wrote there); a result beyond 1,000,000 rows is one line; Ctrl-C stops a
+running statement with one line, exit 130."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from fanin.cli import main
+from fanin.fleet.simulate import CONTRACTS_PATH
+
+EXAMPLE = str(Path(CONTRACTS_PATH).with_name("triage.jsonl"))
+FANIN = str(Path(sys.executable).with_name("fanin"))
+
+
+@pytest.fixture(scope="module")
+def outputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("outputs") / "out"
+    assert main(["run", "--input", EXAMPLE, "--contracts", CONTRACTS_PATH, "--output",
+                 str(out)]) == 0
+    return out
+
+
+def _as_unprivileged(argv: list[str]) -> list[str]:
+    """``argv`` run without the capabilities that let root ignore permission bits."""
+    if os.geteuid() != 0:
+        return argv
+    setpriv = shutil.which("setpriv")
+    assert setpriv, "setpriv (util-linux) is needed to drop root's file capabilities"
+    return [setpriv, "--bounding-set=-dac_override,-dac_read_search",
+            "--inh-caps=-dac_override,-dac_read_search", *argv]
+
+
+@pytest.mark.parametrize("command", [["query", "select count(*) from closes"], ["report"]])
+def test_an_output_folder_this_user_cannot_list_is_one_line(
+        outputs: Path, tmp_path: Path, command: list[str]) -> None:
+    out = tmp_path / "out"
+    shutil.copytree(outputs, out)
+    (out / "closes").chmod(0)
+    try:
+        done = subprocess.run(_as_unprivileged([FANIN, command[0], str(out), *command[1:]]),
+                              capture_output=True, text=True, timeout=120, check=False)
+    finally:
+        (out / "closes").chmod(0o755)
+    assert done.returncode == 2, done.stdout
+    assert done.stderr.strip().splitlines() == \
+        [f"fanin {command[0]}: error: cannot list {out / 'closes'}: Permission denied"]
+
+
+def test_query_out_inside_the_outputs_is_refused(outputs: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    before = sorted(p.name for p in (outputs / "closes").iterdir())
+    target = outputs / "closes" / "count.jsonl"
+    assert main(["query", str(outputs), "select count(*) n from closes", "--format", "json",
+                 "--out", str(target)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"fanin query: error: --out {target}: is in {outputs / 'closes'}, which holds the "
+        "outputs queried; give a file outside it")
+    assert sorted(p.name for p in (outputs / "closes").iterdir()) == before
+
+
+def test_a_result_beyond_the_row_cap_is_one_line(outputs: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """Every row is held to be rendered: ``select * from range(10000000000)`` grew until the
+    machine ran out of memory."""
+    assert main(["query", str(outputs), "select * from range(1000001)"]) == 2
+    assert capsys.readouterr().err.strip() == \
+        "fanin query: error: the result has more than 1,000,000 rows: add a LIMIT, or aggregate"
+    assert main(["query", str(outputs), "select count(*) from range(1000001)"]) == 0
+
+
+def test_ctrl_c_stops_a_running_statement_with_one_line(
+        outputs: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """DuckDB does not see Python's signals while a statement runs: an endless statement
+    ignored Ctrl-C and had to be killed. A real SIGINT, sent once the statement's thread is
+    there."""
+    def interrupt_when_running() -> None:
+        while not any(t.name == "fanin-query" for t in threading.enumerate()):
+            time.sleep(0.01)  # waits for the thread to exist; no timing depends on it
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt_when_running, daemon=True).start()
+    endless = "with recursive r(n) as (select 1 union all select n + 1 from r) select max(n) from r"
+    assert main(["query", str(outputs), endless]) == 130
+    assert capsys.readouterr().err.strip() == "fanin query: interrupted"
+    assert not any(t.name == "fanin-query" for t in threading.enumerate())
+
+
+def test_a_damaged_parquet_file_is_named(outputs: Path, tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """Its error named no file (``Parquet magic bytes not found in footer``)."""
+    out = tmp_path / "out"
+    shutil.copytree(outputs, out)
+    damaged = out / "late" / "late-all-p0000-s000.parquet"
+    damaged.write_bytes(b"PAR1 not really parquet")
+    assert main(["report", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"fanin report: error: {damaged}: not a readable Parquet file: ")
+    assert "\n" not in err
