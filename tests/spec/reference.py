@@ -346,6 +346,8 @@ class Env:
     defaults: Defaults = field(default_factory=Defaults)
     max_messages_per_join: int = 100_000
     reopen_after_retention: bool = True  # docs/spec.md "Tombstones and stragglers"
+    max_bytes: int = MAX_BYTES  # §1: a longer message is too_large
+    max_bytes_per_join: int = 16 * 1024 * 1024  # §4
 
     @functools.cached_property
     def contracts(self) -> dict[str, Contract]:
@@ -675,6 +677,18 @@ def _dead(error: str, m: Msg) -> dict[str, Any]:
     return {"error": error, "raw": m.raw}
 
 
+def _fitting(queue: list[Msg], env: Env) -> int:
+    """§4: how many of ``queue`` (in arrival order) the join holds: at most
+    ``max_messages_per_join``, and no more bytes than ``max_bytes_per_join`` (the first message
+    that does not fit ends it; the first message always fits)."""
+    total = 0
+    for n, m in enumerate(queue[:env.max_messages_per_join]):
+        total += len(m.raw.encode("utf-8"))
+        if n and total > env.max_bytes_per_join:
+            return n
+    return min(len(queue), env.max_messages_per_join)
+
+
 def join_outputs(msgs: list[Msg], env: Env) -> dict[str, list[dict[str, Any]]]:
     """Closes, late lines and dead letters of one join's messages.
 
@@ -682,7 +696,8 @@ def join_outputs(msgs: list[Msg], env: Env) -> dict[str, list[dict[str, Any]]]:
     - The per-join limit (docs/spec.md §4): the join holds its first ``max_messages_per_join``
       messages in event-time order; a further message is late if the join closed before its
       event time (starts the next join if an undefined join was decided before it), else
-      ``join_too_large``. (The byte limit per join is not modelled: its default is not reached.)
+      ``join_too_large``. Likewise for ``max_bytes_per_join``: it holds the longest prefix
+      whose messages' UTF-8 bytes (as received) fit, the first message always.
     - A message after ``D + retention_s`` of a closed join starts a fresh join (tombstone
       gone), when ``env.reopen_after_retention`` — unless the join had seen it already (its
       event time is not after the decision: it moved ``D`` behind itself).
@@ -690,7 +705,8 @@ def join_outputs(msgs: list[Msg], env: Env) -> dict[str, list[dict[str, Any]]]:
     out: dict[str, list[dict[str, Any]]] = {"closes": [], "late": [], "dead_letter": []}
     queue = sorted(msgs, key=_arrival)
     while queue:
-        held, overflow = queue[:env.max_messages_per_join], queue[env.max_messages_per_join:]
+        fits = _fitting(queue, env)
+        held, overflow = queue[:fits], queue[fits:]
         decision = decide(held, env)
         fresh: list[Msg] = []
         if isinstance(decision, Undefined):
@@ -732,7 +748,7 @@ def parse_lines(lines: Sequence[str | bytes], env: Env
         if not line:  # a blank line separates messages (a line of spaces does not)
             continue
         try:
-            m = read_message(number, line, env.contracts)
+            m = read_message(number, line, env.contracts, env.max_bytes)
         except Refused as exc:
             raw = line.decode("utf-8", "replace") if isinstance(line, bytes) else line
             dead.append({"error": exc.args[0], "raw": raw})

@@ -40,18 +40,19 @@ def arrival_order(lines: list[str], env: Env) -> list[str]:
 
 def core_run(lines: list[str], env: Env) -> Outputs:
     """The bounded decision core alone: valid records grouped by join, decided per join with
-    the per-join message limit (``fanin.core.bounded``)."""
+    the per-join limits (``fanin.core.bounded``)."""
     catalog = Catalog(parse_contracts(env.contracts_yaml), _defaults(env))
     groups: dict[str, list[Any]] = defaultdict(list)
     found: Outputs = {kind: [] for kind in KINDS}
     for number, line in enumerate(lines, start=1):
-        record, dead = parse_message(line, ("input", number), catalog.contracts)
+        record, dead = parse_message(line, ("input", number), catalog.contracts, env.max_bytes)
         if dead is not None:
             found["dead_letter"].append(dead)
         else:
             groups[record[R.JOIN_ID]].append(record)
     for records in groups.values():
-        for kind, obj in bounded_outputs(records, catalog, env.max_messages_per_join, 2**62):
+        for kind, obj in bounded_outputs(records, catalog, env.max_messages_per_join,
+                                         env.max_bytes_per_join):
             found[kind].append(obj)
     return found
 
@@ -74,7 +75,9 @@ def bounded_run(lines: list[str], folder: Path, contracts_yaml: str, env: Env) -
     data, contracts = _write_inputs(lines, folder, contracts_yaml)
     run_pipeline(RunConfig(output=str(folder / "out"), inputs=[str(data)],
                            contracts_path=str(contracts), defaults=_defaults(env),
-                           max_messages_per_join=env.max_messages_per_join), [])
+                           max_messages_per_join=env.max_messages_per_join,
+                           max_bytes=env.max_bytes,
+                           max_bytes_per_join=env.max_bytes_per_join), [])
     return read_output_dir(folder / "out")
 
 
@@ -88,7 +91,9 @@ def replay_run(lines: list[str], folder: Path, contracts_yaml: str, env: Env,
     run_pipeline(RunConfig(output=str(folder / "out"), inputs=[str(data)], replay=True,
                            max_disorder_s=max_disorder_s or 0.0,
                            contracts_path=str(contracts), defaults=defaults,
-                           max_messages_per_join=env.max_messages_per_join), [])
+                           max_messages_per_join=env.max_messages_per_join,
+                           max_bytes=env.max_bytes,
+                           max_bytes_per_join=env.max_bytes_per_join), [])
     return read_output_dir(folder / "out")
 
 

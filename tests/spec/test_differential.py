@@ -76,6 +76,23 @@ def test_per_join_limit_in_bounded_and_watermark_replay_equals_reference(
 
 
 @_pipeline_settings
+@given(seed=st.integers(0, 2**32 - 1), join_bytes=st.sampled_from([400, 700, 1200]))
+def test_byte_limits_in_core_bounded_and_watermark_replay_equal_reference(
+        seed: int, join_bytes: int, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """docs/spec.md §1 and §4 with small byte limits: a message over ``--max-bytes`` (400) is
+    ``too_large``; a join holds its first messages within ``--max-bytes-per-join`` (the first
+    that does not fit ends it), the rest late, the next join's, or ``join_too_large``."""
+    env = Env(CONTRACTS_YAML, max_bytes=400, max_bytes_per_join=join_bytes)
+    lines = batch_lines(RandomDraw(random.Random(seed)), JOINS_PER_RUN * 2 // 5)
+    folder: Path = tmp_path_factory.mktemp("bytes")
+    assert_same(lines, env, {
+        "core": core_run(lines, env),
+        "bounded": bounded_run(lines, folder / "bounded", CONTRACTS_YAML, env),
+        "replay": replay_run(lines, folder / "replay", CONTRACTS_YAML, env),
+    })
+
+
+@_pipeline_settings
 @given(seed=st.integers(0, 2**32 - 1), limit=st.sampled_from([None, 2, 3]),
        lag=st.sampled_from([1.0, 5.0, 30.0]))
 def test_sorted_replay_with_a_disorder_allowance_equals_reference(
