@@ -30,9 +30,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from fanin.contracts.catalog import load_contracts  # noqa: E402
+from fanin.contracts.parsing import DEFAULT_MAX_BYTES  # noqa: E402
 from fanin.runners.flink_cluster import Cluster, start, stop  # noqa: E402
 from fanin.transforms.read import numbered_lines  # noqa: E402
-from fanin.transforms.replay import scan_line  # noqa: E402
+from fanin.transforms.replay import covering_disorder_s, message_scan  # noqa: E402
 
 RUNNERS = {
     "fnapi": {"bounded": ["--runner=FnApiRunner"],
@@ -49,13 +51,9 @@ MODES = {"bounded": [], "replay": ["--replay", "--close-trigger", "watermark"]}
 def on_time_disorder_s(path: Path) -> float:
     """The smallest whole ``--max-disorder-s`` that puts no message behind the replay's
     watermark (data behind it is counted late or not depending on the runner: docs/runners.md)."""
-    largest = worst = 0
-    for line, _ in numbered_lines(str(path)):
-        t = scan_line(line)[0]
-        if t is not None:
-            largest = max(largest, t)
-            worst = max(worst, largest - t)
-    return float(worst // 1000 + 1)
+    scan = message_scan(frozenset(load_contracts(str(ROOT / "fanin/examples/contracts.yaml"))),
+                        DEFAULT_MAX_BYTES)
+    return covering_disorder_s(numbered_lines(str(path)), scan)
 
 
 def _outputs(out: Path) -> dict[str, Counter[str]]:

@@ -67,7 +67,8 @@ from fanin.contracts.parsing import parse_message
 from fanin.contracts.timefmt import MAX_MS, duration_ms, parse_rfc3339
 from fanin.transforms.read import Source, numbered_lines
 
-__all__ = ["Replay", "Scan", "build_replay", "by_event_time", "message_scan", "scan_line"]
+__all__ = ["Replay", "Scan", "build_replay", "by_event_time", "covering_disorder_s", "message_scan",
+           "scan_line"]
 
 
 def _decode(line: bytes) -> Any:
@@ -117,6 +118,20 @@ def message_scan(contracts: Container[str], max_bytes: int) -> Scan:
             return record[R.TIME], record[R.O_DEADLINE_MS] or 0, record[R.JOIN_ID], None
         return record[R.TIME], 0, record[R.JOIN_ID], record[R.R_OPENED_AT]
     return scan
+
+
+def covering_disorder_s(lines: Iterable[tuple[bytes, Source]], scan: Scan) -> float:
+    """The least whole ``--max-disorder-s`` with which a replay of ``lines`` (in arrival
+    order, as ``by_event_time`` gives several files) delivers no message behind its watermark:
+    the largest lag of a line's event time (``scan``'s) behind the latest one before it."""
+    latest: int | None = None
+    worst = 0
+    for line, _ in lines:
+        t = scan(line)[0]
+        if t is not None:
+            latest = t if latest is None else max(latest, t)
+            worst = max(worst, latest - t)
+    return float(-(-worst // 1000))
 
 
 def scan_line(line: bytes) -> tuple[int | None, int]:

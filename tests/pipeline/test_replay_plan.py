@@ -24,7 +24,7 @@ from fanin.pipelines.pipeline import RunConfig, run_pipeline
 from fanin.transforms.join_streaming import JoinDoFn
 from fanin.transforms.parse import ParseMessages
 from fanin.transforms.read import numbered_lines
-from fanin.transforms.replay import Replay, by_event_time
+from fanin.transforms.replay import Replay, by_event_time, covering_disorder_s, message_scan
 from tests.reliability.runs import read_jsonl, write_lines
 
 T0 = parse_rfc3339("2026-01-01T00:00:00Z")
@@ -324,3 +324,21 @@ def test_more_files_than_the_soft_open_file_limit_are_merged(tmp_path: Path) -> 
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     assert sorted(source for _, source in merged) == [(str(p), 1) for p in paths]
+
+
+def test_the_covering_disorder_is_the_largest_lag_of_a_message_the_join_takes() -> None:
+    """``covering_disorder_s``: the largest lag behind the latest event time, in whole seconds
+    rounded up, over the messages the join takes (a refused line's time counts for nothing,
+    as in the replay), also before 1970."""
+    scan = message_scan(frozenset(), 256 * 1024)
+
+    def line(stamp: str, status: str = "ok") -> tuple[bytes, tuple[str, int]]:
+        return json.dumps({"join_id": "j", "branch": "a", "status": status,
+                           "event_time": stamp}).encode(), ("f", 0)
+
+    assert covering_disorder_s([line("2026-01-01T00:00:10Z"), line("2026-01-01T00:00:05Z"),
+                                line("2026-01-01T00:00:12Z"), line("2026-01-01T00:00:11.5Z"),
+                                line("9999-01-01T00:00:00Z", status="bogus")], scan) == 5.0
+    assert covering_disorder_s([line("1969-12-31T23:59:50Z"), line("1969-12-31T23:59:48.5Z")],
+                               scan) == 2.0
+    assert covering_disorder_s([line("2026-01-01T00:00:10Z")], scan) == 0.0

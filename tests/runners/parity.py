@@ -8,8 +8,10 @@ from collections import Counter
 from pathlib import Path
 
 from fanin.cli import main
+from fanin.contracts.catalog import load_contracts
+from fanin.contracts.parsing import DEFAULT_MAX_BYTES
 from fanin.transforms.read import numbered_lines
-from fanin.transforms.replay import by_event_time, scan_line
+from fanin.transforms.replay import by_event_time, covering_disorder_s, message_scan
 from tests.reliability.runs import KINDS, accounted, read_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,13 +45,9 @@ def on_time_disorder_s(files: list[str]) -> float:
     """The smallest whole ``--max-disorder-s`` with which a replay of ``files`` (in the order
     it reads them: each file's own, merged by event time) delivers no message behind the
     watermark."""
-    largest = worst = 0
-    for line, _ in by_event_time([numbered_lines(path) for path in files]):
-        t = scan_line(line)[0]
-        if t is not None:
-            largest = max(largest, t)
-            worst = max(worst, largest - t)
-    return float(worst // 1000 + 1)
+    scan = message_scan(frozenset(load_contracts(str(CONTRACTS))), DEFAULT_MAX_BYTES)
+    return covering_disorder_s(by_event_time([numbered_lines(path) for path in files], scan),
+                               scan)
 
 
 def input_messages(files: list[str]) -> int:
