@@ -50,6 +50,7 @@ exactly that path); DuckDB never writes a file.
 from __future__ import annotations
 
 import base64
+import contextlib
 import csv
 import datetime as dt
 import decimal
@@ -356,9 +357,13 @@ def _interruptible(con: duckdb.DuckDBPyConnection, sql: str
     try:
         done.wait()
     except KeyboardInterrupt:
-        con.interrupt()
-        while not done.wait(0.1):  # an interrupt before the statement began stops nothing
-            con.interrupt()
+        # an interrupt before the statement began stops nothing, and one while DuckDB starts
+        # it is refused (the connection is busy): again, until the worker has ended
+        while True:
+            with contextlib.suppress(duckdb.Error):
+                con.interrupt()
+            if done.wait(0.1):
+                break
         raise
     if "error" in result:
         raise result["error"]
