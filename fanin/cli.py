@@ -205,8 +205,13 @@ def _is_interrupt(exc: BaseException) -> bool:
 
 
 def _interrupted(output: str) -> int:
-    print(f"fanin: interrupted: {output} holds partial outputs (run again with --overwrite)",
-          file=sys.stderr)
+    from fanin.io.output_lock import UNFINISHED, folder_state
+
+    if "://" not in output and folder_state(output) == UNFINISHED:
+        print(f"fanin: interrupted: {output} holds partial outputs (run again with "
+              "--overwrite)", file=sys.stderr)
+    else:
+        print("fanin: interrupted before it wrote anything", file=sys.stderr)
     return 130
 
 

@@ -14,7 +14,8 @@ A folder a run is still writing, or one whose run stopped before its end
 Exit codes: 0 success; 2 for a missing DIR, bad or refused SQL, malformed output files, an
 unwritable FILE, a result beyond 1,000,000 rows or half the machine's memory, reported as one
 line on stderr (``fanin <cmd>: error: ...``), no traceback; 130 for Ctrl-C (one line; it
-stops a running statement).
+stops ``fanin query``'s running statement; ``fanin report``'s fixed statements run to their
+end first).
 """
 
 from __future__ import annotations

@@ -19,7 +19,9 @@ import contextlib
 import errno
 import json
 import os
+import stat
 import time
+from typing import Any
 
 __all__ = ["MARK", "RUNNING", "UNFINISHED", "FolderBusy", "OutputLock", "folder_state",
            "state_warning"]
@@ -50,12 +52,28 @@ def _locked(fd: int, exclusive: bool) -> bool:
     return True
 
 
-def _holder(path: str) -> str:
+def _locked_a_moment(fd: int) -> bool:
+    """The exclusive lock on ``fd``, tried for about a tenth of a second: a reader
+    (``folder_state``) holds a shared one for an instant."""
+    for _ in range(10):
+        if _locked(fd, exclusive=True):
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def _mark(path: str) -> dict[str, Any]:
     try:
         with open(path, encoding="utf-8") as handle:
-            return f" (process {int(json.load(handle)['pid'])})"
-    except (OSError, ValueError, KeyError, TypeError):
-        return ""
+            found = json.load(handle)
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def _holder(path: str) -> str:
+    pid = _mark(path).get("pid")
+    return f" (process {pid})" if isinstance(pid, int) else ""
 
 
 class OutputLock:
@@ -63,31 +81,44 @@ class OutputLock:
 
     def __init__(self, path: str, fd: int, found: bool) -> None:
         self._path, self._fd, self._found = path, fd, found
+        self.changed = False
+        """Whether the run changed the folder before it wrote (``--overwrite`` emptied it)."""
+
+    def mark_changed(self) -> None:
+        self.changed = True
 
     @classmethod
-    def acquire(cls, output: str) -> OutputLock:
+    def acquire(cls, output: str, continues: bool = False) -> OutputLock:
         """Create ``output`` if needed and lock it for this run; ``FolderBusy`` if another run
-        holds it."""
+        holds it. ``continues``: the run adds to an earlier run's files (a subscription's next
+        run), which the mark says to a reader."""
         os.makedirs(output, exist_ok=True)
         path = os.path.join(output, MARK)
         found = os.path.exists(path)
         while True:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
-            if not _locked(fd, exclusive=True):
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK |
+                         getattr(os, "O_CLOEXEC", 0), 0o644)
+            try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise FolderBusy(f"--output {output}: {MARK} there is not a file; remove "
+                                     "it")
+                if not _locked_a_moment(fd):
+                    raise FolderBusy(f"--output {output}: another fanin run is writing there"
+                                     f"{_holder(path)}; wait for it to end, or choose "
+                                     "another folder")
+                try:  # the mark a finishing run deleted after we opened it is not the lock
+                    same = os.path.samestat(os.fstat(fd), os.stat(path))
+                except FileNotFoundError:
+                    same = False
+                if same:
+                    os.ftruncate(fd, 0)
+                    os.write(fd, json.dumps({"pid": os.getpid(), "started": time.time(),
+                                             "continues": continues}).encode() + b"\n")
+                    return cls(path, fd, found)
+            except BaseException:
                 os.close(fd)
-                raise FolderBusy(f"--output {output}: another fanin run is writing there"
-                                 f"{_holder(path)}; wait for it to end, or choose another "
-                                 "folder")
-            try:  # the mark a finishing run deleted after we opened it is not the lock
-                same = os.path.samestat(os.fstat(fd), os.stat(path))
-            except FileNotFoundError:
-                same = False
-            if same:
-                break
+                raise
             os.close(fd)
-        os.ftruncate(fd, 0)
-        os.write(fd, json.dumps({"pid": os.getpid(), "started": time.time()}).encode() + b"\n")
-        return cls(path, fd, found)
 
     def finish(self) -> None:
         """All outputs written: delete the mark, let the lock go."""
@@ -96,7 +127,8 @@ class OutputLock:
         self.release()
 
     def abandon(self) -> None:
-        """Nothing changed: the mark is deleted unless an unfinished run had left it."""
+        """Nothing changed (the run was refused before it wrote or deleted anything): the mark
+        is deleted unless an unfinished run had left it."""
         if self._found:
             self.release()
         else:
@@ -112,11 +144,13 @@ class OutputLock:
 def folder_state(output: str) -> str | None:
     """``RUNNING``, ``UNFINISHED`` or None (see the module docstring)."""
     path = os.path.join(output, MARK)
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    try:  # never blocks: a named pipe there is not a mark
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError:
         return None
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
         return UNFINISHED if _locked(fd, exclusive=False) else RUNNING
     finally:
         os.close(fd)
@@ -129,7 +163,9 @@ def state_warning(output: str) -> str | None:
         return (f"{output}: a fanin run is still writing this folder; these are the outputs "
                 "written so far")
     if state == UNFINISHED:
+        again = ("run the subscription again: its next run's files join these" if
+                 _mark(os.path.join(output, MARK)).get("continues") is True else
+                 "run it again with --overwrite")
         return (f"{output}: the fanin run that wrote this folder stopped before its end "
-                "(interrupted, killed or failed); its outputs are partial: run it again with "
-                "--overwrite")
+                f"(interrupted, killed or failed); its outputs are partial: {again}")
     return None

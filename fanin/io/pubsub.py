@@ -101,7 +101,7 @@ def check_emulator_host() -> None:
     ``ValueError`` naming it (the client took any text and waited, then failed every
     message)."""
     host = os.environ.get("PUBSUB_EMULATOR_HOST")
-    if host is None:
+    if not host:  # unset, or empty: Pub/Sub itself, as the client reads it
         return
     match = _HOST_PORT.match(host)
     if match is None or not 0 < int(match.group(1)) < 65536:

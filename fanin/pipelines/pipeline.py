@@ -21,7 +21,7 @@ import os
 import re
 import shutil
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -341,7 +341,8 @@ def _check_bigquery_options(config: RunConfig, options: PipelineOptions) -> None
 
 
 def _prepare_output(output: str, overwrite: bool, inputs: Sequence[str] = (),
-                    continues: bool = False) -> None:
+                    continues: bool = False, on_replace: Callable[[], None] | None = None
+                    ) -> None:
     """Create the three folders; refuse to mix with an earlier run's files unless asked
     (``--overwrite`` deletes them), except for a run that ``continues`` earlier ones (a
     subscription's next run: its files, named with its own job token, join theirs, whose
@@ -349,7 +350,7 @@ def _prepare_output(output: str, overwrite: bool, inputs: Sequence[str] = (),
     is a file where a folder must be, any folder that cannot be created or written in, or
     ``--overwrite`` of a folder that holds one of the run's ``inputs`` (it would delete the
     input before reading it) or that this user cannot empty (a folder in it not writable):
-    nothing is deleted then."""
+    nothing is deleted then. ``on_replace`` is called once, before the first deletion."""
     folders = [os.path.join(output, kind) for kind in (CLOSES, LATE, DEAD_LETTER)]
     for folder in folders:
         real = os.path.realpath(folder)
@@ -358,6 +359,8 @@ def _prepare_output(output: str, overwrite: bool, inputs: Sequence[str] = (),
                 raise ConfigError(f"--input {path} is in {folder}, which this run replaces "
                                   "with its outputs; move it out first")
     replaced = _checked_folders(output, folders, overwrite, continues)
+    if replaced and on_replace is not None:
+        on_replace()
     for folder in folders:
         try:
             if folder in replaced:
@@ -586,6 +589,8 @@ def run_pipeline(config: RunConfig, beam_args: Sequence[str],
     drain = Drain() if config.subscription or config.topic else None
     build(p, config, catalog, drain)  # a missing input is reported here, before anything is written
     lock = _locked_output(config) if "://" not in config.output else None
+    before = _files_in(config.output) if lock is not None else frozenset()
+    result: beam.runners.runner.PipelineResult | None = None
     try:
         _LOG.info("fanin: runner %s, %s input", runner,
                   "streaming" if config.streaming else "bounded")
@@ -600,11 +605,8 @@ def run_pipeline(config: RunConfig, beam_args: Sequence[str],
             return result
         with drain_on_signals(drain, _LOG) if drain else contextlib.nullcontext():
             result.wait_until_finish()
-    except BaseException:
-        if lock is not None and _holds_files(config.output):
-            lock.release()  # the outputs are partial: the folder keeps its mark
-        elif lock is not None:
-            lock.abandon()  # refused before it wrote anything (at submission)
+    except BaseException as exc:
+        _stopped(exc, result, lock, before, config.output)
         raise
     if lock is not None:
         lock.finish()
@@ -615,10 +617,25 @@ def run_pipeline(config: RunConfig, beam_args: Sequence[str],
     return result
 
 
-def _holds_files(output: str) -> bool:
-    """Whether an output folder of ``output`` holds any file (temporary ones too)."""
-    return any(names for kind in (CLOSES, LATE, DEAD_LETTER)
-               for _, _, names in os.walk(os.path.join(output, kind)))
+def _stopped(exc: BaseException, result: beam.runners.runner.PipelineResult | None,
+             lock: OutputLock | None, before: frozenset[str], output: str) -> None:
+    """A run that stopped before its end: a job it started on a job service is cancelled on
+    Ctrl-C (it would run on, writing into a folder no longer locked); the output folder keeps
+    its mark if the run changed it (``OutputLock``)."""
+    if result is not None and isinstance(exc, KeyboardInterrupt):
+        with contextlib.suppress(Exception):  # the local runner's job has stopped already
+            result.cancel()
+    if lock is not None and (lock.changed or _files_in(output) != before):
+        lock.release()  # the outputs are partial: the folder keeps its mark
+    elif lock is not None:
+        lock.abandon()  # refused before it changed anything (at submission)
+
+
+def _files_in(output: str) -> frozenset[str]:
+    """Every file in the output folders of ``output`` (temporary ones too)."""
+    return frozenset(os.path.join(root, name) for kind in (CLOSES, LATE, DEAD_LETTER)
+                     for root, _, names in os.walk(os.path.join(output, kind))
+                     for name in names)
 
 
 def _locked_output(config: RunConfig) -> OutputLock:
@@ -626,16 +643,20 @@ def _locked_output(config: RunConfig) -> OutputLock:
     (``_prepare_output``): a run refused there leaves the folder as it was."""
     if os.path.exists(config.output) and not os.path.isdir(config.output):
         raise ConfigError(f"--output: {config.output} is a file, not a folder")
+    continues = bool(config.subscription or config.topic)
     try:
-        lock = OutputLock.acquire(config.output)
+        lock = OutputLock.acquire(config.output, continues)
     except OSError as exc:  # e.g. a read-only file system, a folder not ours
         raise ConfigError(f"--output: cannot create or lock {config.output}: "
                           f"{exc.strerror or exc}") from None
     try:
         _prepare_output(config.output, config.overwrite,
                         expand_inputs(config.inputs) if config.inputs else (),
-                        continues=bool(config.subscription or config.topic))
+                        continues=continues, on_replace=lock.mark_changed)
     except BaseException:
-        lock.abandon()
+        if lock.changed:
+            lock.release()  # it deleted earlier outputs: not the folder it found
+        else:
+            lock.abandon()
         raise
     return lock

@@ -108,15 +108,16 @@ class Cluster:
     def ours(self, role: str, pid: int) -> bool:
         """Whether process ``pid`` runs and is this cluster's ``role``, by its command line:
         a pid file can outlive its process, and the pid then name another (or say -1)."""
-        command = _command_line(pid)
-        if command is None:
+        args = _arguments(pid)
+        if args is None:
             return False
         if role == "pool":
-            return "worker_pool_main" in command and \
-                f"--service_port={self.pool_port}" in command
-        entry = {"standalonesession": "StandaloneSessionClusterEntrypoint",
-                 "taskexecutor": "TaskManagerRunner"}[role]
-        return entry in command and os.path.join(self.directory, "conf") in command
+            return "apache_beam.runners.worker.worker_pool_main" in args and \
+                f"--service_port={self.pool_port}" in args
+        entry = {"standalonesession":
+                 "org.apache.flink.runtime.entrypoint.StandaloneSessionClusterEntrypoint",
+                 "taskexecutor": "org.apache.flink.runtime.taskexecutor.TaskManagerRunner"}[role]
+        return entry in args and os.path.join(self.directory, "conf") in args
 
     def overview(self) -> dict[str, Any] | None:
         """The REST API's ``/overview`` (None if the JobManager does not answer)."""
@@ -127,11 +128,14 @@ class Cluster:
             return None
 
 
-def _command_line(pid: int) -> str | None:
-    """The command line of live process ``pid`` (arguments joined by spaces), else None."""
+def _arguments(pid: int) -> list[str] | None:
+    """The arguments of live process ``pid``, else None (without ``/proc``, as ``ps`` shows
+    them: split at spaces)."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as handle:
-            return handle.read().replace(b"\0", b" ").decode("utf-8", "replace")
+            raw = handle.read()
+        return [arg.decode("utf-8", "surrogateescape") for arg in raw.split(b"\0") if arg] \
+            or None
     except FileNotFoundError:
         if os.path.isdir("/proc/self"):
             return None  # /proc is there: no such process
@@ -142,7 +146,7 @@ def _command_line(pid: int) -> str | None:
                                capture_output=True, text=True, check=False)
     except OSError:
         return None
-    return found.stdout.strip() or None
+    return found.stdout.split() or None
 
 
 def _env(cluster: Cluster) -> dict[str, str]:

@@ -233,15 +233,14 @@ def with_local_job_server(beam_args: Sequence[str]) -> list[str]:
 def check_job_endpoint(beam_args: Sequence[str]) -> None:
     """A ``--job_endpoint`` HOST:PORT that refuses connections is bad use, said at once
     (``ValueError``): Beam would wait ``--job_server_timeout`` (300 s) without a word. One
-    that does not answer within 5 s is left to Beam's own wait."""
+    that does not answer within 5 s, and any other kind of target (``embed``, ``unix:...``),
+    is left to Beam."""
     from apache_beam.options.pipeline_options import PipelineOptions, PortableOptions
 
     endpoint = PipelineOptions(list(beam_args)).view_as(PortableOptions).job_endpoint
-    if not endpoint or endpoint == "embed":
+    host, _, port = (endpoint or "").rpartition(":")
+    if not host or not port.isdigit() or "/" in host:  # embed, unix:..., dns:///...: Beam's
         return
-    host, _, port = endpoint.rpartition(":")
-    if not port.isdigit() or not host:
-        raise ValueError(f"--job_endpoint {endpoint}: give HOST:PORT")
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
     except (ConnectionRefusedError, socket.gaierror) as exc:
@@ -298,8 +297,10 @@ def runner_failure(exc: BaseException, beam_args: Sequence[str]) -> tuple[str, i
                    "(no reason given)")
         return f"the runner failed the job ({failed.group(1)}): {why}", 1
     first = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
-    if isinstance(exc, RuntimeError) and first.split(":", 1)[0] in _OS_ERRORS:
-        # the local runner re-raises an OSError of a step as "OSError: ... [while running ...]"
+    # an OSError of a step, as the local runner re-raises it: "... [while running 'STEP']",
+    # an OSError again when its message is text, else "OSError: ..." in a RuntimeError
+    if "[while running '" in first and (isinstance(exc, OSError) or (
+            isinstance(exc, RuntimeError) and first.split(":", 1)[0] in _OS_ERRORS)):
         return f"the job failed reading or writing files: {first}", 1
     return None
 

@@ -82,22 +82,89 @@ def test_ctrl_c_inside_a_step_is_one_line_and_exit_130(
     assert "stopped before its end" in capsys.readouterr().err
 
 
-def test_a_write_the_disk_refuses_is_one_line_and_exit_1(
+def test_ctrl_c_before_the_run_wrote_anything_says_so(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
+    """Interrupted at submission (nothing written): no claim of partial outputs, no mark."""
+    import apache_beam as beam
+
+    def interrupted(*_: Any) -> Any:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(beam.Pipeline, "run", interrupted)
+    out = tmp_path / "out"
+    assert main(_run(out)) == 130
+    assert capsys.readouterr().err.strip().splitlines()[-1] == \
+        "fanin: interrupted before it wrote anything"
+    assert not (out / ".fanin-run").exists()
+
+
+def test_overwrite_then_a_refusal_at_submission_keeps_the_mark(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``--overwrite`` emptied the folders, then the job was refused: the empty folder is not
+    a finished run's, and readers are told."""
+    import apache_beam as beam
+
+    out = tmp_path / "out"
+    assert main(_run(out)) == 0
+
+    def refused(*_: Any) -> Any:
+        raise ValueError("the job service refused the job")
+
+    monkeypatch.setattr(beam.Pipeline, "run", refused)
+    assert main(_run(out, "--overwrite")) == 2
+    capsys.readouterr()
+    assert main(["report", str(out)]) == 0
+    assert "stopped before its end" in capsys.readouterr().err
+
+
+def test_the_mark_of_a_subscriptions_unfinished_run_says_to_run_it_again(tmp_path: Path) -> None:
+    """Its files join an earlier run's, whose messages were acknowledged: --overwrite would
+    delete them."""
+    from fanin.io.output_lock import OutputLock, state_warning
+
+    OutputLock.acquire(str(tmp_path), continues=True).release()
+    assert state_warning(str(tmp_path)) == (
+        f"{tmp_path}: the fanin run that wrote this folder stopped before its end (interrupted, "
+        "killed or failed); its outputs are partial: run the subscription again: its next "
+        "run's files join these")
+
+
+def test_a_named_pipe_where_the_mark_goes_blocks_no_reader(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out"
+    assert main(_run(out)) == 0
+    os.mkfifo(out / ".fanin-run")
+    capsys.readouterr()
+    assert main(["report", str(out)]) == 0
+    assert "warning" not in capsys.readouterr().err
+    assert main(_run(out, "--overwrite")) == 2
+    assert capsys.readouterr().err.strip() == \
+        f"fanin: error: --output {out}: .fanin-run there is not a file; remove it"
+
+
+@pytest.mark.parametrize("where", ["finalize", "spill"])
+def test_a_write_the_disk_refuses_is_one_line_and_exit_1(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The full disk where the finalize moves a shard's file into place (Beam re-raises it as
+    a RuntimeError), and inside ``atomic_write`` when a bundle spills (an OSError again)."""
+    from fanin.io import files
     from fanin.transforms import write
 
     def full(*_: Any) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(write, "atomic_move", full)
+    monkeypatch.setattr(write if where == "finalize" else files, "atomic_move", full)
     out = tmp_path / "out"
     assert main(_run(out)) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("fanin: error: the job failed reading or writing files: ")
     assert "No space left on device" in err[-1]
     assert main(["report", str(out)]) == 0
-    assert "stopped before its end" in capsys.readouterr().err
+    warned = "stopped before its end" in capsys.readouterr().err
+    assert warned is (where == "finalize")  # the spill failed before any file was written
 
 
 def test_overwrite_empties_a_linked_output_folder_and_keeps_the_link(

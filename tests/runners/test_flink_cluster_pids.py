@@ -30,3 +30,23 @@ def test_stop_leaves_a_process_that_is_not_the_clusters(tmp_path: Path, role: st
                         "cluster; removed it, signalled nothing"]
     finally:
         other.communicate(b"")
+
+
+def test_a_pool_of_another_port_is_not_this_clusters(tmp_path: Path) -> None:
+    """Arguments are compared whole: ``--service_port=50000`` is not port 5000's."""
+    cluster = Cluster(str(tmp_path), pool_port=5000)
+    other = subprocess.Popen([sys.executable, "-c",
+                              "import sys; print('up', flush=True); sys.stdin.read()",
+                              "apache_beam.runners.worker.worker_pool_main",
+                              "--service_port=50000"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             start_new_session=True)
+    try:
+        assert other.stdout is not None and other.stdout.readline() == b"up\n"  # exec'd
+        Path(cluster.pid_file("pool")).write_text(str(other.pid))
+        assert cluster.pid("pool") is None
+        assert Cluster(str(tmp_path), pool_port=50000).pid("pool") == other.pid
+        stop(cluster, say=lambda _line: None)
+        assert other.poll() is None
+    finally:
+        other.communicate(b"")
