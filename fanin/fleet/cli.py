@@ -43,7 +43,7 @@ from fanin.fleet.simulate import (
     write_paced,
 )
 
-__all__ = ["MAX_JOINS", "MIN_JOINS_PER_S", "add_subcommand", "run_simulate"]
+__all__ = ["MAX_JOINS", "MIN_JOINS_PER_S", "add_subcommand", "count_arg", "run_simulate"]
 
 MAX_JOINS = 1_000_000
 """Most ``--joins`` of one run (about 1.7 GB of lines; for more, run several seeds)."""
@@ -80,13 +80,19 @@ def _joins_per_s(text: str) -> float:
     return value
 
 
-def _join_count(text: str) -> int:
+def count_arg(text: str) -> int:
+    """An integer >= 0 (an ``argparse`` type)."""
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, not {value}")
+    return value
+
+
+def _join_count(text: str) -> int:
+    value = count_arg(text)
     if value > MAX_JOINS:
         raise argparse.ArgumentTypeError(f"must be <= {MAX_JOINS} (run several seeds for "
                                          f"more), not {text}")

@@ -26,6 +26,8 @@ import sys
 import threading
 from types import FrameType
 
+from fanin.fleet.cli import count_arg
+
 __all__ = ["add_subcommand", "positive_seconds", "run_publish"]
 
 INTERRUPTED = 130
@@ -56,7 +58,7 @@ def add_subcommand(subparsers: argparse._SubParsersAction[argparse.ArgumentParse
     parser.add_argument("--topic", required=True, help="projects/PROJECT/topics/TOPIC")
     parser.add_argument(
         "--progress-every",
-        type=_count,
+        type=count_arg,
         default=1000,
         metavar="N",
         help="report progress on stderr every N messages (0: never; default 1000)",
@@ -70,17 +72,6 @@ def add_subcommand(subparsers: argparse._SubParsersAction[argparse.ArgumentParse
     )
     parser.add_argument("file", metavar="FILE", help="newline-delimited input file, or -")
     parser.set_defaults(func=run_publish)
-
-
-def _count(text: str) -> int:
-    """An integer >= 0 (argparse type)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0 (0: never), not {value}")
-    return value
 
 
 def _service() -> str:
