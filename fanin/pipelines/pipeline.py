@@ -251,8 +251,8 @@ def replay_of(lines: Iterable[tuple[bytes, Source]], catalog: Catalog,
     tombstone that outlives the input (``JoinRecords``' ``input_end_ms`` = ``Replay.end_ms``).
     """
     replay = build_replay(lines, max_disorder_s, _longest_deadline_ms(catalog) + 1,
-                          replay_retention_floor_ms(catalog),
-                          scan=message_scan(frozenset(catalog.contracts), max_bytes))
+                          message_scan(frozenset(catalog.contracts), max_bytes),
+                          replay_retention_floor_ms(catalog))
     if replay.events > _SLOW_REPLAY_EVENTS:
         _LOG.warning(
             "fanin: --replay: %d lines lag the file's latest event time by more than "

@@ -135,7 +135,9 @@ def covering_disorder_s(lines: Iterable[tuple[bytes, Source]], scan: Scan) -> fl
 
 
 def scan_line(line: bytes) -> tuple[int | None, int]:
-    """Best-effort ``(event time ms or None, open's deadline ms or 0)`` of a raw line."""
+    """Best-effort ``(event time ms or None, open's deadline ms or 0)`` of a raw line, also of
+    one the parse refuses (to sort a file by event time); a replay scans with
+    ``message_scan``."""
     t, deadline, _, _ = _scan(line)
     return t, deadline
 
@@ -152,7 +154,7 @@ def _stamp(ms: int) -> Timestamp:
     return Timestamp(micros=ms * 1000)
 
 
-def by_event_time(files: Sequence[Iterable[tuple[bytes, Source]]], scan: Scan = _scan
+def by_event_time(files: Sequence[Iterable[tuple[bytes, Source]]], scan: Scan
                   ) -> Iterator[tuple[bytes, Source]]:
     """The lines of several files (each ``(line, source)`` in its file's order) as one
     arrival order: merged by event time (``scan``'s), each file's own order kept. A line
@@ -298,8 +300,8 @@ class Replay(beam.PTransform[PBegin, PCollection[Any]]):
     """
 
     def __init__(self, lines: Iterable[tuple[bytes, Source]], max_disorder_s: float,
-                 horizon_ms: int, retention_floor_ms: int = 0, batch: int = 50_000,
-                 scan: Scan = _scan) -> None:
+                 horizon_ms: int, scan: Scan, retention_floor_ms: int = 0,
+                 batch: int = 50_000) -> None:
         super().__init__()
         self._counts: dict[str, int] = {}
         self._token = uuid.uuid4().hex
@@ -375,7 +377,7 @@ class Replay(beam.PTransform[PBegin, PCollection[Any]]):
 
 
 def build_replay(lines: Iterable[tuple[bytes, Source]], max_disorder_s: float,
-                 horizon_ms: int, retention_floor_ms: int = 0, batch: int = 50_000,
-                 scan: Scan = _scan) -> Replay:
+                 horizon_ms: int, scan: Scan, retention_floor_ms: int = 0,
+                 batch: int = 50_000) -> Replay:
     """``Replay(...)``: the replay of ``lines`` (see ``Replay``)."""
-    return Replay(lines, max_disorder_s, horizon_ms, retention_floor_ms, batch, scan)
+    return Replay(lines, max_disorder_s, horizon_ms, scan, retention_floor_ms, batch)

@@ -18,6 +18,7 @@ from apache_beam.utils.timestamp import Timestamp
 from support.builders import make_catalog, open_msg, receipt
 
 from fanin.contracts.catalog import JoinDefaults
+from fanin.contracts.parsing import DEFAULT_MAX_BYTES
 from fanin.contracts.timefmt import parse_rfc3339
 from fanin.core.outcomes import CLOSES, DEAD_LETTER, LATE
 from fanin.pipelines.pipeline import RunConfig, run_pipeline
@@ -29,6 +30,7 @@ from tests.reliability.runs import read_jsonl, write_lines
 
 T0 = parse_rfc3339("2026-01-01T00:00:00Z")
 DAY_MS = 86_400_000
+SCAN = message_scan(frozenset(), DEFAULT_MAX_BYTES)  # the lines here name no contract
 
 
 def _at(seconds: float) -> str:
@@ -48,7 +50,7 @@ def _receipt(join_id: str, seconds: float, branch: str = "a") -> str:
 def _plan(path: Path, **kwargs: Any) -> list[tuple[str, Any]]:
     """The stream's events: ("lines", number of lines) or ("watermark", seconds after T0)."""
     replay = Replay(numbered_lines(str(path)), kwargs.pop("max_disorder_s", 0.0),
-                    kwargs.pop("horizon_ms", DAY_MS), **kwargs)
+                    kwargs.pop("horizon_ms", DAY_MS), SCAN, **kwargs)
     events: list[tuple[str, Any]] = []
     for event in replay._stream._events:  # the TestStream's plan, as built
         if isinstance(event, ElementEvent):
@@ -167,7 +169,7 @@ def test_a_replay_with_few_advances_gives_the_bounded_outputs(tmp_path: Path,
 
 def test_a_file_changed_while_replayed_fails_the_run(tmp_path: Path) -> None:
     path = write_lines(tmp_path / "in.jsonl", [_open("a", 0), _receipt("a", 1)])
-    replay = Replay(numbered_lines(str(path)), 0.0, DAY_MS)
+    replay = Replay(numbered_lines(str(path)), 0.0, DAY_MS, SCAN)
     write_lines(path, [_open("a", 0)])
     with pytest.raises(Exception, match="changed while it was replayed"), beam.Pipeline(
             options=PipelineOptions(["--runner=BundleBasedDirectRunner", "--streaming"])) as p:
@@ -176,7 +178,7 @@ def test_a_file_changed_while_replayed_fails_the_run(tmp_path: Path) -> None:
 
 def test_the_last_advance_passes_every_deadline_and_is_the_replays_end(tmp_path: Path) -> None:
     path = write_lines(tmp_path / "in.jsonl", [_open("a", 0, deadline_s=90), _receipt("a", 5)])
-    replay = Replay(numbered_lines(str(path)), 0.0, 60_001)
+    replay = Replay(numbered_lines(str(path)), 0.0, 60_001, SCAN)
     last = [e for e in replay._stream._events if isinstance(e, WatermarkEvent)][-2]
     assert last.new_watermark.micros // 1000 == replay.end_ms
     assert replay.end_ms > T0 + 5_000 + 90_000 + 60_000  # the open's deadline and horizon_ms
@@ -241,10 +243,12 @@ def test_the_plan_counts_its_events_and_the_lines_behind_the_watermark(tmp_path:
     lines = [_open("j0", 0)] + [line for i in range(1, 6) for line in
                                 (_open(f"j{i}", 100 * i), _receipt(f"j{i - 1}", 100 * i - 30))]
     path = write_lines(tmp_path / "in.jsonl", lines)
-    lagging = Replay(numbered_lines(str(path)), 10.0, DAY_MS, retention_floor_ms=DAY_MS)
+    lagging = Replay(numbered_lines(str(path)), 10.0, DAY_MS, SCAN,
+                     retention_floor_ms=DAY_MS)
     assert (lagging.behind, lagging.largest_lag_ms) == (5, 30_000)
     assert lagging.events == len(lagging._stream._events) - 1 > 5  # all but the jump to +inf
-    covered = Replay(numbered_lines(str(path)), 30.0, DAY_MS, retention_floor_ms=DAY_MS)
+    covered = Replay(numbered_lines(str(path)), 30.0, DAY_MS, SCAN,
+                     retention_floor_ms=DAY_MS)
     assert (covered.behind, covered.largest_lag_ms) == (0, 30_000)
     assert covered.events == len(covered._stream._events) - 1 == 2  # the lines, the end
 
@@ -282,12 +286,12 @@ def test_several_files_arrive_merged_by_event_time() -> None:
              (_receipt("j", 5).encode(), ("p1", 3)), (_receipt("k", 30).encode(), ("p1", 4))]
     second = [(_receipt("j", 0, "b").encode(), ("p2", 1)), (_receipt("j", 6, "b").encode(),
                                                             ("p2", 2))]
-    assert _sources(list(by_event_time([first, second]))) == [
+    assert _sources(list(by_event_time([first, second], SCAN))) == [
         ("p1", 1), ("p1", 2), ("p2", 1), ("p1", 3), ("p2", 2), ("p1", 4)]
-    assert _sources(list(by_event_time([second, first]))) == [
+    assert _sources(list(by_event_time([second, first], SCAN))) == [
         ("p2", 1), ("p1", 1), ("p1", 2), ("p1", 3), ("p2", 2), ("p1", 4)]
     unsorted = list(reversed(first))
-    assert list(by_event_time([unsorted])) == unsorted
+    assert list(by_event_time([unsorted], SCAN)) == unsorted
 
 
 def test_a_replay_of_files_each_sorted_gives_the_bounded_outputs(tmp_path: Path) -> None:
@@ -320,7 +324,7 @@ def test_more_files_than_the_soft_open_file_limit_are_merged(tmp_path: Path) -> 
              for i in range(150)]
     resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard))
     try:
-        merged = list(by_event_time([numbered_lines(str(p)) for p in paths]))
+        merged = list(by_event_time([numbered_lines(str(p)) for p in paths], SCAN))
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     assert sorted(source for _, source in merged) == [(str(p), 1) for p in paths]
@@ -330,15 +334,13 @@ def test_the_covering_disorder_is_the_largest_lag_of_a_message_the_join_takes() 
     """``covering_disorder_s``: the largest lag behind the latest event time, in whole seconds
     rounded up, over the messages the join takes (a refused line's time counts for nothing,
     as in the replay), also before 1970."""
-    scan = message_scan(frozenset(), 256 * 1024)
-
     def line(stamp: str, status: str = "ok") -> tuple[bytes, tuple[str, int]]:
         return json.dumps({"join_id": "j", "branch": "a", "status": status,
                            "event_time": stamp}).encode(), ("f", 0)
 
     assert covering_disorder_s([line("2026-01-01T00:00:10Z"), line("2026-01-01T00:00:05Z"),
                                 line("2026-01-01T00:00:12Z"), line("2026-01-01T00:00:11.5Z"),
-                                line("9999-01-01T00:00:00Z", status="bogus")], scan) == 5.0
+                                line("9999-01-01T00:00:00Z", status="bogus")], SCAN) == 5.0
     assert covering_disorder_s([line("1969-12-31T23:59:50Z"), line("1969-12-31T23:59:48.5Z")],
-                               scan) == 2.0
-    assert covering_disorder_s([line("2026-01-01T00:00:10Z")], scan) == 0.0
+                               SCAN) == 2.0
+    assert covering_disorder_s([line("2026-01-01T00:00:10Z")], SCAN) == 0.0
