@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 import duckdb
 
-from fanin.analysis.query import FORMATS, run_query
+from fanin.analysis.query import FORMATS, run_query, visible
 from fanin.analysis.report import build_report, summary_text, write_html
 from fanin.io.output_lock import state_warning
 
@@ -44,7 +44,8 @@ def _guarded(name: str, body: Callable[[argparse.Namespace], None]) -> Callable[
             body(args)
         except _USER_ERRORS as exc:
             lines = str(exc).strip().splitlines() or [type(exc).__name__]
-            print(f"fanin {name}: error: {lines[0]}", file=sys.stderr)
+            # the first line, control characters shown (a message may quote a value)
+            print(f"fanin {name}: error: {visible(lines[0])}", file=sys.stderr)
             return 2
         except KeyboardInterrupt:
             print(f"fanin {name}: interrupted", file=sys.stderr)

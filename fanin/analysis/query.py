@@ -7,13 +7,14 @@
 
 - ``DIR/<kind>/**/*.jsonl`` is parsed by Python with ``tables.to_table`` (the same conversion that
   writes Parquet, so both formats yield identical rows) and staged as an Arrow table;
-- ``DIR/<kind>/**/*.parquet`` is read by DuckDB after its schema was checked against
-  ``tables.schema(kind)``;
+- ``DIR/<kind>/**/*.parquet`` is read by pyarrow after every file's schema was checked
+  against ``tables.schema(kind)`` (a path is never a pattern: a folder named ``o[x]`` is
+  that folder);
 - a run asked for both formats writes the same rows twice, so when a folder has Parquet files
-  those are read, else its JSONL files, into the in-memory table ``_<kind>`` that the view
-  selects from (each row once); with neither, the view exists with zero rows. Hidden files
-  and folders (``.`` or ``_`` prefix: temp files, Beam's ``.temp-beam-*``) are skipped, so a
-  half-written file is never read.
+  those are read, else its JSONL files, one file at a time, into the in-memory table
+  ``_<kind>`` that the view selects from (each row once); with neither, the view exists
+  with zero rows. Hidden files and folders (``.`` or ``_`` prefix: temp files, Beam's
+  ``.temp-beam-*``) are skipped, so a half-written file is never read.
 
 The outputs are copied into memory once (DuckDB's compressed columnar tables): that is what
 lets the connection give up file access entirely. It suits a run's outputs up to a few GB; for
@@ -40,9 +41,11 @@ A folder is an output folder when it holds at least one of ``closes/``, ``late/`
 Nested JSON-text fields (``branches[].value``, ``conflicts[].value`` and ``.extra``) stay
 ``VARCHAR``; wrap them in ``json(...)`` to use JSON operators.
 
-``run_query`` renders ``table`` (aligned text), ``csv`` (RFC 4180, header row, NULL as empty)
-or ``json`` (an array of objects; JSON columns embedded as JSON, times as RFC 3339 UTC text;
-``NaN`` and infinite numbers, which JSON cannot hold, as ``null``).
+``run_query`` renders ``table`` (aligned text; control characters, such as a terminal's escape
+sequences or a newline in a value, shown escaped: ``\\x1b``, ``\\n``), ``csv`` (RFC 4180,
+header row, NULL as empty) or ``json`` (an array of objects; JSON columns embedded as JSON,
+times as RFC 3339 UTC text; ``NaN`` and infinite numbers, which JSON cannot hold, as ``null``,
+also inside JSON columns). Decimals keep their exact digits in every format.
 ``run_query(..., out=FILE)`` writes the rendered CSV/JSON/table with Python (atomically, to
 exactly that path); DuckDB never writes a file.
 """
@@ -55,15 +58,16 @@ import csv
 import datetime as dt
 import decimal
 import io
+import itertools
 import json
 import math
 import os
 import re
 import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import duckdb
 import pyarrow as pa
@@ -73,9 +77,10 @@ from fanin.contracts import tables
 from fanin.contracts.timefmt import format_ms
 from fanin.io.files import atomic_write
 
-__all__ = ["FORMATS", "QueryRefused", "open_outputs", "run_query"]
+__all__ = ["FORMATS", "QueryRefused", "open_outputs", "run_query", "visible"]
 
 FORMATS = ("table", "csv", "json")
+_T = TypeVar("_T")
 _ALLOWED = {duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN}
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 
@@ -107,9 +112,11 @@ def _output_files(folder: Path, suffix: str) -> list[Path]:
     return sorted(p for p in found if p.is_file() and _visible(p, folder))
 
 
-def _read_jsonl(kind: str, files: Sequence[Path]) -> pa.Table:
-    rows = []
+def _jsonl_tables(kind: str, files: Sequence[Path]) -> Iterator[pa.Table]:
+    """Each JSONL file's rows as an Arrow table of the ``kind`` schema (``tables.to_row``)."""
+    schema = tables.schema(kind)
     for file in files:
+        rows = []
         with open(file, "rb") as fh:
             for number, data in enumerate(fh, 1):
                 try:
@@ -119,23 +126,29 @@ def _read_jsonl(kind: str, files: Sequence[Path]) -> pa.Table:
                 except (ValueError, RecursionError) as exc:  # JSON, UTF-8, nesting
                     reason = "nested too deeply" if isinstance(exc, RecursionError) else exc
                     raise ValueError(f"{file}:{number}: {reason}") from None
-    return pa.Table.from_pylist(rows, schema=tables.schema(kind))
+        yield pa.Table.from_pylist(rows, schema=schema)
+
+
+def _from_parquet(file: Path, get: Callable[[pq.ParquetFile], _T]) -> _T:
+    """``get`` of ``file`` opened by pyarrow as Parquet through a Python file object: its
+    path is never a pattern or a URI (DuckDB's ``read_parquet`` expanded ``[``, ``*`` and
+    ``?`` in it: a folder named ``o[x]`` read the files of ``ox``). A file that is not
+    Parquet, or damaged, is named (``ValueError``)."""
+    try:
+        with open(file, "rb") as handle:
+            return get(pq.ParquetFile(handle))
+    except pa.ArrowException as exc:
+        lines = str(exc).strip().splitlines() or [type(exc).__name__]
+        raise ValueError(f"{file}: not a readable Parquet file: {lines[0]}") from None
 
 
 def _check_parquet(kind: str, files: Sequence[Path]) -> None:
+    """Every file is Parquet of the ``kind`` schema (all checked before any is loaded)."""
     expected = tables.schema(kind)
     for file in files:
-        try:
-            found = pq.read_schema(file)
-        except pa.ArrowException as exc:  # not Parquet, or damaged: the file is named
-            lines = str(exc).strip().splitlines() or [type(exc).__name__]
-            raise ValueError(f"{file}: not a readable Parquet file: {lines[0]}") from None
+        found = _from_parquet(file, lambda parquet: parquet.schema_arrow)
         if found.remove_metadata() != expected.remove_metadata() or found.names != expected.names:
             raise ValueError(f"{file}: Parquet schema differs from the {kind} schema")
-
-
-def _quote(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
 
 
 def _load(con: duckdb.DuckDBPyConnection, kind: str, folder: Path) -> None:
@@ -148,15 +161,15 @@ def _load(con: duckdb.DuckDBPyConnection, kind: str, folder: Path) -> None:
     columns = ", ".join(f'"{name}"' for name in sch.names)
     parquet = _output_files(folder, ".parquet")
     _check_parquet(kind, parquet)
-    if parquet:
-        files = ", ".join(_quote(str(p)) for p in parquet)
-        # kind, columns: constants of the schema; files: quoted paths (_quote)
-        con.execute(f'CREATE TABLE "_{kind}" AS SELECT {columns} FROM '  # noqa: S608
-                    f"read_parquet([{files}], hive_partitioning = false)")
-    else:
-        staging = f"_{kind}_jsonl"
-        con.register(staging, _read_jsonl(kind, _output_files(folder, ".jsonl")))
-        con.execute(f'CREATE TABLE "_{kind}" AS SELECT {columns} FROM {staging}')  # noqa: S608
+    parts = (_from_parquet(file, pq.ParquetFile.read) for file in parquet) if parquet else \
+        _jsonl_tables(kind, _output_files(folder, ".jsonl"))
+    staging = f"_{kind}_staging"
+    # one file's table at a time: an empty table of the schema first, then each file's rows
+    for n, part in enumerate(itertools.chain([sch.empty_table()], parts)):
+        con.register(staging, part)
+        # kind, columns: constants of the schema; staging: a registered Arrow table
+        into = f'INSERT INTO "_{kind}"' if n else f'CREATE TABLE "_{kind}" AS'
+        con.execute(f"{into} SELECT {columns} FROM {staging}")  # noqa: S608
         con.unregister(staging)
     projection = ", ".join(
         f'"{f.name}"::JSON AS "{f.name}"'
@@ -253,10 +266,37 @@ def _check_read_only(con: duckdb.DuckDBPyConnection, sql: str) -> None:
                                "the statement it explains)")
 
 
-def _to_json(value: Any, json_text: bool = False) -> Any:
-    """A JSON-native rendering of a DuckDB result value (times as RFC 3339 UTC)."""
+def _finite(text: str) -> float | None:
+    value = float(text)
+    return value if math.isfinite(value) else None
+
+
+class _Exact:
+    """Decimals in a rendering, with their exact digits and scale (``7.0``, ``1.50``):
+    ``json.dumps`` writes a ``Decimal`` only as a float (``12345678901234567.89`` became
+    ``1.2345678901234568e+16``). Each is a placeholder string, unique to this rendering,
+    that ``dumps`` replaces by its digits (a JSON number)."""
+
+    def __init__(self) -> None:
+        self._token = f"fanin-decimal-{uuid.uuid4().hex}-"
+        self._digits: list[str] = []
+
+    def number(self, value: decimal.Decimal) -> str:
+        self._digits.append(format(value, "f"))
+        return f"{self._token}{len(self._digits) - 1}"
+
+    def dumps(self, value: Any, **options: Any) -> str:
+        text = json.dumps(value, **options)
+        if not self._digits:
+            return text
+        return re.sub(f'"{self._token}([0-9]+)"', lambda m: self._digits[int(m[1])], text)
+
+
+def _to_json(value: Any, exact: _Exact, json_text: bool = False) -> Any:
+    """A JSON-native rendering of a DuckDB result value (times as RFC 3339 UTC; NaN and
+    infinities, also inside JSON text, as null; decimals by ``exact``)."""
     if json_text and isinstance(value, str):
-        return json.loads(value)
+        return json.loads(value, parse_constant=lambda _: None, parse_float=_finite)
     if isinstance(value, float) and not math.isfinite(value):
         return None  # JSON has no NaN or infinity
     if isinstance(value, dt.datetime):
@@ -266,34 +306,60 @@ def _to_json(value: Any, json_text: bool = False) -> Any:
     if isinstance(value, (dt.date, dt.time, dt.timedelta, uuid.UUID)):
         return str(value)
     if isinstance(value, decimal.Decimal):
-        return int(value) if value == value.to_integral_value() else float(value)
+        return exact.number(value)
     if isinstance(value, (bytes, bytearray, memoryview)):
         return base64.b64encode(bytes(value)).decode("ascii")
     if isinstance(value, dict):
-        return {str(k): _to_json(v) for k, v in value.items()}
+        return {str(k): _to_json(v, exact) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_to_json(v) for v in value]
+        return [_to_json(v, exact) for v in value]
     return value
 
 
 def _cell(value: Any, null: str) -> str:
     if isinstance(value, float) and not math.isfinite(value):
         return json.dumps(value)  # NaN, Infinity, -Infinity: text, not NULL
-    value = _to_json(value)
+    if isinstance(value, decimal.Decimal):
+        return format(value, "f")
+    exact = _Exact()
+    value = _to_json(value, exact)
     if value is None:
         return null
-    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    return value if isinstance(value, str) else exact.dumps(value, ensure_ascii=False)
+
+
+# C0 and C1 control characters and DEL, as Python writes them in a string literal
+_ESCAPES = {code: repr(chr(code))[1:-1] for code in (*range(0x20), *range(0x7F, 0xA0))}
+
+
+def visible(text: str) -> str:
+    """``text`` for a terminal: control characters (escape sequences that retitle, clear or
+    recolour it; a newline that splits a row) shown as ``\\x1b``, ``\\n``..."""
+    return text.translate(_ESCAPES)
 
 
 def _render(names: Sequence[str], types: Sequence[str], rows: Sequence[tuple[Any, ...]],
             fmt: str) -> str:
-    """Render a result as ``table`` (aligned text), ``csv`` (RFC 4180) or ``json`` (array)."""
+    """Render a result as ``table`` (aligned text, control characters shown escaped:
+    ``visible``), ``csv`` (RFC 4180) or ``json`` (array). A value nested beyond what Python
+    renders is ``ValueError``."""
+    try:
+        return _rendered(names, types, rows, fmt)
+    except RecursionError:
+        raise ValueError("a result value is nested too deeply to render; select a part of "
+                         "it (json_extract) or cast it to VARCHAR") from None
+
+
+def _rendered(names: Sequence[str], types: Sequence[str], rows: Sequence[tuple[Any, ...]],
+              fmt: str) -> str:
     if fmt == "json":
         flags = [t == "JSON" for t in types]
+        exact = _Exact()
         objs = [
-            {n: _to_json(v, f) for n, v, f in zip(names, row, flags, strict=True)} for row in rows
+            {n: _to_json(v, exact, f) for n, v, f in zip(names, row, flags, strict=True)}
+            for row in rows
         ]
-        return json.dumps(objs, ensure_ascii=False, indent=2) + "\n"
+        return exact.dumps(objs, ensure_ascii=False, indent=2) + "\n"
     if fmt == "csv":
         buf = io.StringIO()
         writer = csv.writer(buf, lineterminator="\n")
@@ -301,7 +367,8 @@ def _render(names: Sequence[str], types: Sequence[str], rows: Sequence[tuple[Any
         writer.writerows([_cell(v, "") for v in row] for row in rows)
         return buf.getvalue()
     if fmt == "table":
-        cells = [list(names)] + [[_cell(v, "NULL") for v in row] for row in rows]
+        cells = [[visible(n) for n in names]] + \
+            [[visible(_cell(v, "NULL")) for v in row] for row in rows]
         widths = [max(len(r[i]) for r in cells) for i in range(len(names))]
         lines = [
             " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells

@@ -25,7 +25,7 @@ from typing import Any
 import duckdb
 
 from fanin.analysis import svg
-from fanin.analysis.query import open_outputs
+from fanin.analysis.query import open_outputs, visible
 from fanin.contracts.timefmt import format_ms
 from fanin.io.files import atomic_write
 
@@ -181,12 +181,15 @@ def _breakdown(chart: Chart, limit: int = 5) -> str:
         parts = [(name, sum(vals)) for name, vals in chart.series]
     else:
         parts = list(zip(chart.categories, chart.series[0][1], strict=True)) if chart.series else []
-    text = ", ".join(f"{name} {value:,.0f}" for name, value in parts[:limit]) or "none"
+    text = ", ".join(f"{visible(str(name))} {value:,.0f}" for name, value in parts[:limit]) \
+        or "none"
     return text + (", ..." if len(parts) > limit else "")
 
 
 def summary_text(report: Report) -> str:
-    """A few plain lines for the terminal: totals, latency, top problems."""
+    """A few plain lines for the terminal: totals, latency, top problems (names as
+    ``visible`` shows them: a branch named with an escape sequence cannot drive the
+    terminal)."""
     lat = report.latency
     latency = f"p50 {lat[0]:,.0f} / p95 {lat[1]:,.0f} / p99 {lat[2]:,.0f} ms" if lat else "n/a"
     rows = report.rows
@@ -195,7 +198,7 @@ def summary_text(report: Report) -> str:
         return _breakdown(report.chart(chart_id))
 
     lines = [
-        f"Fanin outputs in {report.directory}",
+        f"Fanin outputs in {visible(report.directory)}",
         f"  closes:       {rows['closes']:,} ({part('close-reasons')})",
         f"  latency:      {latency}",
         f"  conflicts:    {part('conflicts')}",

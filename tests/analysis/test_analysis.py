@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import decimal
 import io
 import json
 import os
@@ -433,6 +434,71 @@ def test_json_has_no_nan_or_infinity(tmp_path: Path) -> None:
         {"a": None, "b": None, "c": None, "d": [None, 2.5], "e": 0.5}]
     assert query.run_query(tmp_path, sql, "csv").splitlines()[1].split(",")[:3] == [
         "NaN", "Infinity", "-Infinity"]
+
+
+def test_json_text_nan_and_infinity_are_null(tmp_path: Path) -> None:
+    """A JSON column holding NaN or an overflowing number (a dead letter's raw, cast) is
+    written with null there too: the file stays JSON."""
+    write_jsonl(tmp_path, sample(5))
+    sql = """SELECT '{"a":NaN,"b":[1e400,-Infinity,2.5]}'::JSON AS j"""
+    text = query.run_query(tmp_path, sql, "json")
+    assert json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in JSON")) == [
+        {"j": {"a": None, "b": [None, None, 2.5]}}]
+
+
+def test_decimals_keep_their_exact_digits(tmp_path: Path) -> None:
+    write_jsonl(tmp_path, sample(5))
+    sql = ("SELECT 12345678901234567.89::DECIMAL(38,2) AS d, [1.5::DECIMAL(4,2), 2.25] AS l, "
+           "7::DECIMAL(5,1) AS i, 'fanin-decimal-x-0' AS s")
+    objs = json.loads(query.run_query(tmp_path, sql, "json"), parse_float=decimal.Decimal)
+    assert objs == [{"d": decimal.Decimal("12345678901234567.89"),
+                     "l": [decimal.Decimal("1.50"), decimal.Decimal("2.25")],
+                     "i": decimal.Decimal("7.0"),
+                     "s": "fanin-decimal-x-0"}]
+    assert query.run_query(tmp_path, sql, "csv").splitlines()[1] == \
+        '12345678901234567.89,"[1.50, 2.25]",7.0,fanin-decimal-x-0'
+
+
+def test_a_value_nested_too_deeply_to_render_is_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    write_jsonl(tmp_path, sample(5))
+    deep = "[" * 5000 + "]" * 5000
+    assert _cli(["query", str(tmp_path), f"SELECT '{deep}'::JSON AS j", "--format", "json"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "nested too deeply to render" in err
+    assert _cli(["query", str(tmp_path), f"SELECT '{deep}'::JSON AS j", "--format", "csv"]) == 0
+
+
+def test_control_characters_reach_no_terminal(tmp_path: Path,
+                                              capsys: pytest.CaptureFixture) -> None:
+    """Names and values made by whoever publishes messages may hold a terminal's escape
+    sequences (retitle, clear, recolour) or a newline: the table and the report show them
+    escaped, one row a line; csv and json keep them as data."""
+    attack = "\x1b]0;PWNED\x07\x1b[2J\x1b[31mbr\nx\x85\t"
+    data = sample(5)
+    data["closes"][0]["missing"] = [attack]
+    data["closes"][0]["branches"]["retrieve"]["error"] = attack
+    write_jsonl(tmp_path, data)
+    sql = "SELECT join_id, missing, branches[1].error AS e FROM closes ORDER BY join_id LIMIT 1"
+    shown = "\\x1b]0;PWNED\\x07\\x1b[2J\\x1b[31mbr\\nx\\x85\\t"
+    table = query.run_query(tmp_path, sql)
+    assert table.splitlines()[2].startswith("j0000") and table.count(shown) == 1
+    assert len(table.splitlines()) == 4 and not set(table) & {"\x1b", "\x07", "\x85", "\t"}
+    assert json.loads(query.run_query(tmp_path, sql, "json"))[0]["e"] == attack
+    assert _cli(["report", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"top missing:  {shown} 1" in out and "\x1b" not in out
+
+
+def test_a_parquet_folder_named_like_a_pattern_is_that_folder(tmp_path: Path) -> None:
+    """Folder names holding [, * or ? are names: DuckDB's read_parquet took them as patterns
+    (o[x] read the files of ox; r* counted r1's rows as well as its own)."""
+    for name, n in (("o[x]", 3), ("ox", 8), ("r*", 4), ("r1", 6), ("q?", 2), ("qq", 5)):
+        write_parquet(tmp_path / name, sample(n * 5))
+    for name, n in (("o[x]", 3), ("r*", 4), ("q?", 2)):
+        assert select(tmp_path / name, "SELECT count(*), count(DISTINCT join_id) FROM closes") \
+            == [(n * 5, n * 5)]
+        assert select(tmp_path / name, "SELECT count(*) FROM dead_letter") == [(n,)]
 
 
 def test_a_folder_that_is_not_an_output_is_refused(tmp_path: Path) -> None:
