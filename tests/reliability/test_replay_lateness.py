@@ -4,6 +4,7 @@ event-time windowed write), replayed and compared with the bounded run of the sa
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -77,3 +78,24 @@ def test_a_refused_message_with_a_far_time_moves_no_watermark(tmp_path: Path,
     found = _same_as_bounded([refused, OPEN, RECEIPT, receipt_b], tmp_path)
     assert ("closes", "j1", "complete") in found
     assert not [kind for kind, *_ in found if kind == "late"]
+
+
+def test_a_redelivery_at_the_closing_millisecond_after_an_eager_close_is_late(
+        tmp_path: Path) -> None:
+    """docs/spec.md §4: an eager close is final on arrival, so a message that arrives after
+    it is late even at the close's own millisecond (a redelivery included), also in a replay
+    of input sorted by event time; the watermark trigger gives the bounded result there."""
+    receipt_b = RECEIPT.replace('"a"', '"b"').replace(":01Z", ":02Z")
+    lines = [OPEN, RECEIPT, receipt_b, receipt_b]
+    bounded = run_cli(lines, tmp_path / "bounded")
+    watermark = run_cli(lines, tmp_path / "watermark", "--replay", "--close-trigger",
+                        "watermark")
+    eager = run_cli(lines, tmp_path / "eager", "--replay", "--close-trigger", "eager")
+    assert watermark == bounded
+    assert [c["counts"] for c in bounded["closes"]] == [
+        {"messages": 4, "duplicates": 1, "superseded": 0}]
+    assert [(c["reason"], c["closed_at"], c["counts"]) for c in eager["closes"]] == [
+        ("complete", "2026-01-01T00:00:02.000Z",
+         {"messages": 3, "duplicates": 0, "superseded": 0})]
+    assert [(late["reason"], late["message"]) for late in eager["late"]] == [
+        ("after_close", json.loads(receipt_b))]
