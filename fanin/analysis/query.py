@@ -65,9 +65,9 @@ import os
 import re
 import threading
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import duckdb
 import pyarrow as pa
@@ -80,7 +80,6 @@ from fanin.io.files import atomic_write
 __all__ = ["FORMATS", "QueryRefused", "open_outputs", "run_query", "visible"]
 
 FORMATS = ("table", "csv", "json")
-_T = TypeVar("_T")
 _ALLOWED = {duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN}
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 
@@ -129,14 +128,15 @@ def _jsonl_tables(kind: str, files: Sequence[Path]) -> Iterator[pa.Table]:
         yield pa.Table.from_pylist(rows, schema=schema)
 
 
-def _from_parquet(file: Path, get: Callable[[pq.ParquetFile], _T]) -> _T:
-    """``get`` of ``file`` opened by pyarrow as Parquet through a Python file object: its
-    path is never a pattern or a URI (DuckDB's ``read_parquet`` expanded ``[``, ``*`` and
-    ``?`` in it: a folder named ``o[x]`` read the files of ``ox``). A file that is not
-    Parquet, or damaged, is named (``ValueError``)."""
+@contextlib.contextmanager
+def _opened_parquet(file: Path) -> Iterator[pq.ParquetFile]:
+    """``file`` opened by pyarrow as Parquet through a Python file object, for the body of
+    the ``with``: its path is never a pattern or a URI (DuckDB's ``read_parquet`` expanded ``[``,
+    ``*`` and ``?`` in it: a folder named ``o[x]`` read the files of ``ox``). A file that is
+    not Parquet, or damaged, is named (``ValueError``)."""
     try:
         with open(file, "rb") as handle:
-            return get(pq.ParquetFile(handle))
+            yield pq.ParquetFile(handle)
     except pa.ArrowException as exc:
         lines = str(exc).strip().splitlines() or [type(exc).__name__]
         raise ValueError(f"{file}: not a readable Parquet file: {lines[0]}") from None
@@ -146,9 +146,21 @@ def _check_parquet(kind: str, files: Sequence[Path]) -> None:
     """Every file is Parquet of the ``kind`` schema (all checked before any is loaded)."""
     expected = tables.schema(kind)
     for file in files:
-        found = _from_parquet(file, lambda parquet: parquet.schema_arrow)
+        with _opened_parquet(file) as parquet:
+            found = parquet.schema_arrow
         if found.remove_metadata() != expected.remove_metadata() or found.names != expected.names:
             raise ValueError(f"{file}: Parquet schema differs from the {kind} schema")
+
+
+def _parquet_tables(files: Sequence[Path]) -> Iterator[pa.Table]:
+    """The files' rows, ``_BATCH_ROWS`` at a time (one batch is held, not a whole file)."""
+    for file in files:
+        with _opened_parquet(file) as parquet:
+            for batch in parquet.iter_batches(batch_size=_BATCH_ROWS):
+                yield pa.Table.from_batches([batch])
+
+
+_BATCH_ROWS = 65_536
 
 
 def _load(con: duckdb.DuckDBPyConnection, kind: str, folder: Path) -> None:
@@ -161,7 +173,7 @@ def _load(con: duckdb.DuckDBPyConnection, kind: str, folder: Path) -> None:
     columns = ", ".join(f'"{name}"' for name in sch.names)
     parquet = _output_files(folder, ".parquet")
     _check_parquet(kind, parquet)
-    parts = (_from_parquet(file, pq.ParquetFile.read) for file in parquet) if parquet else \
+    parts = _parquet_tables(parquet) if parquet else \
         _jsonl_tables(kind, _output_files(folder, ".jsonl"))
     staging = f"_{kind}_staging"
     # one file's table at a time: an empty table of the schema first, then each file's rows
