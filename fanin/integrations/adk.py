@@ -25,16 +25,19 @@ Mapping (``docs/integrations.md``):
   node (function nodes, ``JoinNode``) at its first event carrying an output.
 - **``ParallelAgent``** (deprecated in ADK 2.x, still served): when it starts, one join with
   its sub-agents required; each sub-agent reports ``ok`` at its ``after_agent_callback`` (value
-  and key as above, from the events it authored) or ``error`` at ``on_agent_error_callback``.
+  and key as above, from the events it and the agents below it authored: a member that is a
+  ``SequentialAgent`` writes through its own sub-agents) or ``error`` at
+  ``on_agent_error_callback``.
 
 Guarantees: one event loop drives an invocation and the callbacks change the plugin's state
 without awaiting, under a lock for invocations on other threads; an invocation's state is
 dropped when it ends. Errors of the sink propagate (ADK wraps plugin errors in
-``RuntimeError``), so receipts are not lost silently. Limits: a non-agent node that finishes
-without an output is not reported (Fanin then reports it missing at the deadline); a node
-reached by several fan-outs in one wave is matched to them in trigger order; node and
-sub-agent names must be unique in the app (agent callbacks get copies of the nodes, so names
-identify them).
+``RuntimeError``), so receipts are not lost silently, except while a node's own failure is
+reported: that failure is what ADK goes on with, and the sink's is logged. Limits: a
+non-agent node that finishes without an output is not reported (Fanin then reports it
+missing at the deadline); a node reached by several fan-outs in one wave is matched to them
+in trigger order; node and sub-agent names must be unique in the app (agent callbacks get
+copies of the nodes, so names identify them).
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import defaultdict, deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -109,6 +113,9 @@ class _Invocation:
     waiting: dict[NodeKey, deque[Target]] = field(default_factory=lambda: defaultdict(deque))
     started: set[str] = field(default_factory=set)  # workflows whose START fan-out is open
     members: dict[str, _NodeRun] = field(default_factory=dict)  # running ParallelAgent members
+    # every agent under a running member (itself included) -> the member's name: a member
+    # that is a SequentialAgent or a LoopAgent writes through the events of its sub-agents
+    member_of: dict[str, str] = field(default_factory=dict)
 
 
 def _being_cancelled() -> bool:
@@ -120,6 +127,17 @@ def _being_cancelled() -> bool:
         return False
     cancelling = getattr(task, "cancelling", None)  # Python 3.11+ (3.10 cannot tell)
     return cancelling is not None and cancelling() > 0
+
+
+def _under(agent: Any) -> Iterator[Any]:
+    """``agent`` and every agent below it (its sub-agents, theirs...)."""
+    pending, seen = [agent], set()
+    while pending:
+        node = pending.pop()
+        if id(node) not in seen:
+            seen.add(id(node))
+            yield node
+            pending.extend(getattr(node, "sub_agents", None) or ())
 
 
 def _is_parallel(agent: Any) -> bool:
@@ -188,6 +206,8 @@ class FaninPlugin(BasePlugin):
                 if ctx is not None:
                     inv.members.update({name: _NodeRun(targets=[(ctx, name)])
                                         for name in names})
+                    inv.member_of.update({below.name: sub.name for sub in agent.sub_agents
+                                          for below in _under(sub)})
             workflow = self._owners.get(agent.name)
             if workflow is not None:
                 self._run(inv, workflow, agent.name, None)
@@ -216,7 +236,7 @@ class FaninPlugin(BasePlugin):
             if member is not None:
                 for ctx, branch in member.targets:
                     self._reporter.error(ctx, branch, describe(type(error).__name__, str(error)),
-                                         attempt=1)
+                                         attempt=1, during_failure=True)
 
     async def on_event_callback(self, *, invocation_context: Any, event: Any) -> None:
         """Outputs, routes, state writes and failed attempts of workflow nodes, and what
@@ -225,7 +245,7 @@ class FaninPlugin(BasePlugin):
         path = info.path if info is not None else None
         with self._lock:
             inv = self._invocation(invocation_context)
-            member = inv.members.get(event.author)
+            member = inv.members.get(inv.member_of.get(event.author, event.author))
             if member is not None:
                 member.take(event)
             own = self._locate(path)
@@ -258,7 +278,7 @@ class FaninPlugin(BasePlugin):
             run.output, run.route, run.state = None, None, {}
             text = describe(str(event.error_code), event.error_message or "")
             for ctx, branch in run.targets:
-                self._reporter.error(ctx, branch, text, attempt=run.errors)
+                self._reporter.error(ctx, branch, text, attempt=run.errors, during_failure=True)
             return
         run.take(event)
         if event.output is not None:

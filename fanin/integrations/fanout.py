@@ -5,15 +5,20 @@ Guarantees:
 - ``FanOutReporter.open(possible, taken, run_id)`` opens a join only for a real fan-out: two or
   more distinct possible branches. The open's ``required`` is every possible branch (sorted),
   and each possible branch not in ``taken`` is skipped right after the open, so the join
-  never waits for a route that was not taken. Returns the join's context, else ``None``.
+  never waits for a route that was not taken. Returns the join's context, else ``None``; also
+  ``None``, with a warning, for a fan-out so wide that its open is over the emitter's size
+  limit (thousands of ``Send`` packets): it is not reported, and the graph runs on.
 - ``ok`` reports a value made JSON by ``jsonable``; when it still is not JSON (or the message is
-  over the emitter's size limit), an ``error`` receipt stating why is reported instead and a
-  warning is logged: the join learns that the branch finished without a usable value, and the
-  user's graph is not broken by what an observer could not encode.
+  over the emitter's size limit, or nested beyond what Python encodes, or refers to itself),
+  an ``error`` receipt stating why is reported instead and a warning is logged: the join
+  learns that the branch finished without a usable value, and the user's graph is not broken
+  by what an observer could not encode.
 - ``error`` reports the text ``describe`` makes, ``"ExceptionType: message"`` (the SDK's form).
 - Every receipt carries the attempt it is given (the framework's own retry count), so a retry
   supersedes the failed attempt (docs/spec.md §3).
-- Sink failures (``PublishError``) propagate to the caller, as with the SDK.
+- Sink failures (``PublishError``) propagate to the caller, as with the SDK, except while a
+  branch's own exception is reported (``error`` with ``during_failure``): that exception is
+  what reaches the caller, and the sink's failure is logged.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import logging
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
-from fanin.sdk import Emitter, JoinContext
+from fanin.sdk import Emitter, JoinContext, MessageRefused
 
 __all__ = ["FanOutReporter", "describe", "jsonable", "keyed", "missing_extra"]
 
@@ -84,8 +89,15 @@ class FanOutReporter:
         if len(branches) < 2:
             return None
         ctx = JoinContext.new(contract=self.contract, run_id=run_id, clock=self.emitter.clock)
-        self.emitter.open(ctx, required=branches, deadline_s=self.deadline_s,
-                          allow_partial=self.allow_partial, fail_fast=self.fail_fast)
+        try:
+            self.emitter.open(ctx, required=branches, deadline_s=self.deadline_s,
+                              allow_partial=self.allow_partial, fail_fast=self.fail_fast)
+        except MessageRefused as exc:
+            if exc.error != "too_large":
+                raise
+            _LOG.warning("fanin: a fan-out of %d branches is not reported: %s", len(branches),
+                         exc)
+            return None
         for branch in branches:
             if branch not in taken:
                 self.emitter.skip(ctx, branch)
@@ -97,14 +109,25 @@ class FanOutReporter:
         try:
             self.emitter.emit(ctx, branch, "ok", value=jsonable(value), key=key,
                               attempt=attempt)
-        except (TypeError, ValueError) as exc:
-            _LOG.warning("fanin: branch %r of join %s: %s", branch, ctx.join_id, exc)
-            self.emitter.emit(ctx, branch, "error", error=f"unreported value: {exc}", key=key,
+        except (TypeError, ValueError, RecursionError) as exc:
+            why = "nested too deeply, or refers to itself" if isinstance(exc, RecursionError) \
+                else str(exc)
+            _LOG.warning("fanin: branch %r of join %s: %s", branch, ctx.join_id, why)
+            self.emitter.emit(ctx, branch, "error", error=f"unreported value: {why}", key=key,
                               attempt=attempt)
 
-    def error(self, ctx: JoinContext, branch: str, text: str, *, attempt: int) -> None:
-        """Report a failed run of ``branch`` with the error ``text`` (see ``describe``)."""
-        self.emitter.emit(ctx, branch, "error", error=text, attempt=attempt)
+    def error(self, ctx: JoinContext, branch: str, text: str, *, attempt: int,
+              during_failure: bool = False) -> None:
+        """Report a failed run of ``branch`` with the error ``text`` (see ``describe``).
+        ``during_failure``: the branch's own exception is on its way to the caller, and a
+        failure to send is logged rather than raised in its place."""
+        try:
+            self.emitter.emit(ctx, branch, "error", error=text, attempt=attempt)
+        except Exception as exc:  # the sink's, or the message's: the branch's error goes on
+            if not during_failure:
+                raise
+            _LOG.warning("fanin: the error receipt of branch %r of join %s was not sent: %s",
+                         branch, ctx.join_id, exc)
 
 
 def missing_extra(extra: str, missing: ImportError) -> ImportError:

@@ -11,8 +11,10 @@ Mapping (``docs/integrations.md``):
   nodes it ``Send``s to and its ``Command(goto=...)`` targets (plus ``destinations=`` declared
   with ``add_node``). Two or more (``END`` not counted) make a fan-out: one join is opened with
   all of them required; ``Send`` packets are branches ``node/0``, ``node/1``, ... in the order
-  ``X`` sent them. A fan-out from ``START`` opens when ``START``'s task ends, as for any node
-  (a run whose callbacks show no ``START`` task: its static edges when the first task starts).
+  ``X`` sent them. A branch is named by its node with ``%`` and ``/`` escaped (``_branch``).
+  A fan-out from ``START`` opens when ``START``'s task ends, as for any node (a run whose
+  callbacks show no ``START`` task: its static edges when the first task starts; none for a
+  run that resumes a thread, whose input is ``None`` or a ``Command``).
 - **Route not taken -> skip.** Each mapped target that ``X``'s conditional edges (and goto) did
   not choose is skipped at once.
 - **Branch run -> receipt.** Each task of the next super-step that ``X`` triggered reports one
@@ -22,22 +24,28 @@ Mapping (``docs/integrations.md``):
   reducer: the keys LangGraph refuses to see written twice in one step, ``InvalidUpdateError``);
   otherwise the key is the branch and the value the whole update (reducer channels such as
   ``Annotated[list, operator.add]`` are meant to take concurrent writes).
-- Interrupts (``GraphBubbleUp``) are not results: no receipt.
+- A handoff (``Command(graph=Command.PARENT)``, which LangGraph raises as ``ParentCommand``
+  through the task) is how the task finished: ``ok`` with the command's update. Other
+  interrupts (``GraphBubbleUp``) are not results: no receipt.
 
 Guarantees: the handler is thread-safe (sync graphs run tasks in threads) and runs inline in
 async graphs, so messages are emitted in the order LangGraph reports the events. It raises its
-errors (``raise_error``): a sink failure fails the graph run rather than losing receipts.
+errors (``raise_error``): a sink failure fails the graph run rather than losing receipts, but
+never in place of a node's own exception (``FanOutReporter.error``). It compares no user
+value (a ``Send`` argument is matched to its task by identity first; an ``==`` that raises is
+not equal).
 State for a run is dropped when the run ends. Limits: only the attached graph's own nodes are
 seen (a subgraph is one branch of its parent); the routes not taken of conditional edges
 without a ``path_map`` (or a ``Literal`` return type) are unknown, so those routes are not
-reported; ``defer=True`` nodes are not branches.
+reported; ``defer=True`` nodes are not branches; a node served from LangGraph's cache
+(``CachePolicy``) runs no callbacks, so its branch is missing.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import defaultdict
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
@@ -49,7 +57,7 @@ try:
     from langchain_core.callbacks import BaseCallbackHandler
     from langgraph.channels.last_value import LastValue
     from langgraph.constants import END, START
-    from langgraph.errors import GraphBubbleUp
+    from langgraph.errors import GraphBubbleUp, ParentCommand
     from langgraph.types import Command, Send
 except ImportError as missing:  # the extra is not installed: say which
     raise missing_extra("langgraph", missing) from missing
@@ -77,7 +85,6 @@ class _SendSlot:
 
     target: Target
     arg: Any
-    taken: bool = False
 
 
 @dataclass
@@ -122,7 +129,8 @@ class FaninCallbackHandler(BaseCallbackHandler):
         self._branches: dict[str, dict[str, list[Any]]] = defaultdict(dict)
         for node, specs in builder.branches.items():
             for spec in specs.values():
-                self._branches[node].setdefault(spec.path.get_name(), []).append(spec)
+                for name in _run_names(spec.path):
+                    self._branches[node].setdefault(name, []).append(spec)
         # add_node(destinations=...): a tuple of node names, or a dict node name -> label
         self._declared = {name: set(spec.ends or ()) for name, spec in builder.nodes.items()}
         self._plain = {name for name, channel in graph.channels.items()
@@ -131,6 +139,9 @@ class FaninCallbackHandler(BaseCallbackHandler):
         self._runs: dict[UUID, _GraphRun] = {}
         self._tasks: dict[UUID, _Task] = {}
         self._routers: dict[UUID, tuple[_Task, Any]] = {}
+        # runs of the graph that continue a thread (input None or a Command: a resume after
+        # an interrupt): their first task is not a fan-out from START
+        self._continued: set[UUID] = set()
 
     # -- LangChain callbacks ----------------------------------------------------------------
 
@@ -141,6 +152,9 @@ class FaninCallbackHandler(BaseCallbackHandler):
         meta = metadata or {}
         name = kwargs.get("name")
         with self._lock:
+            if parent_run_id is None and (inputs is None or isinstance(inputs, Command)):
+                self._continued.add(run_id)
+                return
             parent = self._tasks.get(parent_run_id) if parent_run_id else None
             if parent is not None:
                 routes = self._branches.get(parent.node, {})
@@ -160,7 +174,8 @@ class FaninCallbackHandler(BaseCallbackHandler):
             run = self._runs.get(parent_run_id)
             if run is None:
                 run = self._runs[parent_run_id] = _GraphRun()
-                if node != START:  # no START task seen: its static edges alone
+                if node != START and parent_run_id not in self._continued:
+                    # no START task seen (LangGraph 1.x shows none): its static edges alone
                     self._fan_out(run, parent_run_id, step, START, set(self._static[START]),
                                   [])
             task = _Task(node, step, namespace, parent_run_id)
@@ -179,18 +194,8 @@ class FaninCallbackHandler(BaseCallbackHandler):
                 task.routes.append((spec, outputs))
                 return
             found = self._finish_task(run_id)
-            if found is None:
-                return
-            task, run = found
-            update, goto = outputs, []
-            if isinstance(outputs, Command):
-                update = outputs.update
-                goto = [] if outputs.graph == Command.PARENT else _as_list(outputs.goto)
-            key, value = keyed(update, self._plain.__contains__)
-            attempt = run.attempts[task.namespace]
-            for ctx, branch in run.targets.get(task.namespace, ()):
-                self._reporter.ok(ctx, branch, value, key=key, attempt=attempt)
-            self._after(run, task, goto)
+            if found is not None:
+                self._succeeded(*found, outputs)
 
     def on_chain_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
         """A task attempt failed: an ``error`` receipt (interrupts excepted)."""
@@ -200,13 +205,36 @@ class FaninCallbackHandler(BaseCallbackHandler):
             if found is None:
                 return
             task, run = found
-            if isinstance(error, GraphBubbleUp):
+            if isinstance(error, ParentCommand) and error.args \
+                    and isinstance(error.args[0], Command):
+                # a handoff (Command(graph=Command.PARENT)): the task finished with the
+                # command's update, from a node of this graph or from the task's subgraph
+                self._succeeded(task, run, error.args[0])
+                return
+            if isinstance(error, GraphBubbleUp):  # an interrupt: not a result
                 return
             if not isinstance(error, Exception):  # cancelled: the attempt did not finish
                 return
             text = describe(type(error).__name__, _text_of(error))
             for ctx, branch in run.targets.get(task.namespace, ()):
-                self._reporter.error(ctx, branch, text, attempt=run.attempts[task.namespace])
+                self._reporter.error(ctx, branch, text, attempt=run.attempts[task.namespace],
+                                     during_failure=True)
+
+    def _succeeded(self, task: _Task, run: _GraphRun, outputs: Any) -> None:
+        """A task attempt finished with ``outputs`` (an update, or a ``Command``): receipts,
+        then the fan-out it makes. A ``Command`` addressed to this graph's parent routes
+        nowhere here; one a subgraph addresses to this graph (its ``graph`` is the task's
+        namespace) routes like the node's own."""
+        update, goto = outputs, []
+        if isinstance(outputs, Command):
+            update = outputs.update
+            if outputs.graph is None or outputs.graph == task.namespace:
+                goto = _as_list(outputs.goto)
+        key, value = keyed(update, self._plain.__contains__)
+        attempt = run.attempts[task.namespace]
+        for ctx, branch in run.targets.get(task.namespace, ()):
+            self._reporter.ok(ctx, branch, value, key=key, attempt=attempt)
+        self._after(run, task, goto)
 
     def _finish_task(self, run_id: UUID) -> tuple[Any, Any] | None:
         """A task attempt ended: its task and graph run, no longer tracked as in flight; None
@@ -221,6 +249,7 @@ class FaninCallbackHandler(BaseCallbackHandler):
 
     def _forget(self, run_id: UUID) -> None:
         """Drop what is kept for a graph run once it ends (any other run: nothing to do)."""
+        self._continued.discard(run_id)
         run = self._runs.pop(run_id, None)
         if run is not None:
             for task in run.tasks:
@@ -233,10 +262,15 @@ class FaninCallbackHandler(BaseCallbackHandler):
         """The joins a task reports to: those whose fan-out triggered it."""
         path = meta.get("langgraph_path") or ()
         if path and path[0] == _PUSH:
-            for slot in run.sends.get((task.step, task.node), ()):
-                if not slot.taken and slot.arg == inputs:
-                    slot.taken = True
-                    return [slot.target]
+            slots = run.sends.get((task.step, task.node), [])
+            # the packet itself (LangGraph passes the Send's arg; packets run in order, so
+            # it is nearly always the first), else an equal one; an argument whose == raises
+            # or answers no bool (a numpy array) is not equal
+            for by_identity in (True, False):
+                for i, slot in enumerate(slots):
+                    if slot.arg is inputs if by_identity else _equal(slot.arg, inputs):
+                        del slots[i]
+                        return [slot.target]
             return []
         return run.expected.pop((task.step, task.node), [])
 
@@ -259,20 +293,49 @@ class FaninCallbackHandler(BaseCallbackHandler):
         per_node: dict[str, int] = defaultdict(int)
         for dest in chosen:
             if isinstance(dest, Send):
-                sends.append((f"{dest.node}/{per_node[dest.node]}", dest))
+                sends.append((f"{_branch(dest.node)}/{per_node[dest.node]}", dest))
                 per_node[dest.node] += 1
             else:
                 taken.add(dest)
-        named = (possible | taken) - set(per_node) - {END}
         taken -= {END}
-        ctx = self._reporter.open(named | {name for name, _ in sends},
-                                  taken | {name for name, _ in sends}, str(graph_run))
+        # a node the route only sends packets to is not a branch itself (its packets are);
+        # one also reached by an edge is
+        named = ((possible - set(per_node)) | taken) - {END}
+        packets = {name for name, _ in sends}
+        ctx = self._reporter.open({_branch(node) for node in named} | packets,
+                                  {_branch(node) for node in taken} | packets, str(graph_run))
         if ctx is None:
             return
         for node in taken:
-            run.expected[(step, node)].append((ctx, node))
+            run.expected[(step, node)].append((ctx, _branch(node)))
         for name, send in sends:
             run.sends[(step, send.node)].append(_SendSlot((ctx, name), send.arg))
+
+
+def _branch(node: str) -> str:
+    """The branch name of a node: its name with ``%`` and ``/`` escaped (``%25``, ``%2F``),
+    since a branch name is a path (docs/spec.md §3): nodes ``search`` and ``search/web`` are
+    two routes, and a skip of ``search`` must not prune ``search/web``. ``Send`` packets to a
+    node are its sub-paths, ``node/0``, ``node/1``..."""
+    return node.replace("%", "%25").replace("/", "%2F")
+
+
+def _run_names(path: Any) -> set[str]:
+    """The names LangChain's callbacks may give a conditional edge's path function: its own,
+    and a ``run_name`` bound to it (``with_config(run_name=...)``)."""
+    names = {path.get_name()}
+    config = getattr(path, "config", None)
+    if isinstance(config, Mapping) and isinstance(config.get("run_name"), str):
+        names.add(config["run_name"])
+    return names
+
+
+def _equal(a: Any, b: Any) -> bool:
+    """``a == b`` as a bool; False when that raises (a numpy array's ambiguous truth)."""
+    try:
+        return bool(a == b)
+    except Exception:  # any __eq__ or __bool__ may fail
+        return False
 
 
 def _text_of(error: BaseException) -> str:

@@ -146,13 +146,15 @@ class Emitter:
         parser (``MessageRefused`` otherwise)."""
         error = msg.get("error")
         if error is not None:
-            msg["error"] = error = fit_error(error)
+            msg["error"] = fit_error(error)
         line = encode_message(msg)
         if error:
             size = len(line.encode("utf-8"))
             if size > self.max_bytes:  # rare: cut the error to what the other fields leave
                 msg["error"] = ""
                 rest = len(encode_message(msg).encode("utf-8"))
+                # cut from the whole text, so the marker counts its characters, not those of
+                # the first cut
                 msg["error"] = fit_error(error, self.max_bytes - rest)
                 line = encode_message(msg)
         refuse_unparsable(msg, line, self.max_bytes, self.contracts)

@@ -64,6 +64,18 @@ def parallel_app(verdicts: tuple[str, str] | None = None, failing: bool = False)
         step(name="plan", output="q"), ParallelAgent(name="fan", sub_agents=members)]))
 
 
+def sequential_members_app() -> App:
+    """A ``ParallelAgent`` whose members are ``SequentialAgent``s: each writes its state key
+    through its second sub-agent, whose events the plugin did not attribute to the member
+    (its value was null)."""
+    step = example.Step
+    members = [SequentialAgent(name=name, sub_agents=[
+        step(name=f"{name}_a"), step(name=f"{name}_b", state={key: f"{name} wrote"})])
+        for name, key in (("p1", "r1"), ("p2", "r2"))]
+    return App(name="sequential", root_agent=SequentialAgent(name="root", sub_agents=[
+        step(name="plan", output="q"), ParallelAgent(name="fan", sub_agents=members)]))
+
+
 class Waiting(BaseAgent):
     """A branch that runs until ADK cancels it (a sibling of its fan-out failed)."""
 
@@ -97,6 +109,7 @@ VARIANTS: dict[str, Callable[[], Any]] = {
     "parallel": parallel_app,
     "parallel_conflict": lambda: parallel_app(("relevant", "irrelevant")),
     "parallel_failure": lambda: parallel_app(failing=True),
+    "parallel_sequences": sequential_members_app,
     "parallel_cancelled": lambda: cancelled_app(parallel=True),
     "workflow_cancelled": lambda: cancelled_app(parallel=False),
 }
@@ -195,6 +208,13 @@ def test_a_parallel_agent_is_a_join_of_its_members_equal_to_the_session_state(
     assert close["required"] == ["rank", "retrieve", "summarize"]
     assert close["values"] == outcome.state == {"docs": ["a doc"], "score": 0.9,
                                                 "summary": "short"}
+
+
+def test_parallel_members_that_are_sequences_report_what_their_sub_agents_wrote(
+        runs: Runs) -> None:
+    outcome, close = runs["parallel_sequences"]
+    assert close["reason"] == "complete"
+    assert close["values"] == outcome.state == {"r1": "p1 wrote", "r2": "p2 wrote"}
 
 
 def test_parallel_members_writing_one_key_last_write_wins_in_adk_conflict_in_fanin(

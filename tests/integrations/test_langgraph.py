@@ -10,17 +10,21 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
+import operator
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any, TypedDict
 
 import pytest
+from langchain_core.runnables import RunnableLambda
+from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.errors import InvalidUpdateError
 from langgraph.graph import END, START, StateGraph
-from langgraph.types import Command, Send
+from langgraph.types import Command, Send, interrupt
 from support.fanin_runs import fold_runs, load_example
 
 from fanin.integrations.langgraph import FaninCallbackHandler, attach
-from fanin.sdk import Emitter, MemorySink
+from fanin.sdk import Emitter, MemorySink, PublishError
 
 example = load_example("langgraph_fanout")
 CONTRACT_QUESTION = {"question": "review this contract"}
@@ -97,6 +101,132 @@ def failing_graph(second: Callable[[Any], Any]) -> Any:
     return graph.compile()
 
 
+class Bare(TypedDict, total=False):
+    """A state of plain keys, and a reducer list."""
+
+    a: str
+    b: str
+    c: str
+    x: Any
+    y: str
+    done: str
+    results: Annotated[list[Any], operator.add]
+
+
+def renamed_router_graph() -> Any:
+    """``plan`` fans out to ``a`` and ``b`` and routes to ``c`` (raises) or ``d`` by a path
+    function renamed with ``with_config(run_name=...)``: its routes were not seen, so ``c``
+    and ``d`` were in no join and the failed run closed ``complete``."""
+    graph = StateGraph(Bare)
+    graph.add_node("plan", lambda s: {})
+    graph.add_node("a", lambda s: {"a": "a"})
+    graph.add_node("b", lambda s: {"b": "b"})
+
+    def boom(state: Any) -> Any:
+        raise RuntimeError("c failed")
+
+    graph.add_node("c", boom)
+    graph.add_node("d", lambda s: {})
+    graph.add_edge(START, "plan")
+    graph.add_edge("plan", "a")
+    graph.add_edge("plan", "b")
+    graph.add_conditional_edges(
+        "plan", RunnableLambda(lambda s: "c").with_config(run_name="router"), {"c": "c", "d": "d"})
+    return graph.compile()
+
+
+def handoff_graph() -> Any:
+    """Branch ``agent1`` is a subgraph whose node hands off to the parent with
+    ``Command(graph=Command.PARENT, ...)`` (LangGraph raises ``ParentCommand`` through the
+    task): it finished, but no receipt was sent."""
+    inner = StateGraph(Bare)
+    inner.add_node("inner", lambda s: Command(graph=Command.PARENT, update={"x": "from agent1"},
+                                              goto="finish"))
+    inner.add_edge(START, "inner")
+    graph = StateGraph(Bare)
+    graph.add_node("plan", lambda s: {})
+    graph.add_node("agent1", inner.compile(), destinations=("finish",))
+    graph.add_node("agent2", lambda s: {"y": "from agent2"})
+    graph.add_node("finish", lambda s: {"done": "yes"})
+    graph.add_edge(START, "plan")
+    graph.add_edge("plan", "agent1")
+    graph.add_edge("plan", "agent2")
+    return graph.compile()
+
+
+class Ambiguous:
+    """Compares as a numpy array does: ``==`` gives something that is no bool."""
+
+    def __eq__(self, other: object) -> Any:
+        return self
+
+    def __bool__(self) -> bool:
+        raise ValueError("the truth value of an array is ambiguous")
+
+    __hash__ = object.__hash__
+
+
+def ambiguous_sends_graph(packets: int = 6) -> Any:
+    """``Send`` arguments holding values whose ``==`` cannot be a bool: the handler compared
+    them to match packets to tasks, and its error failed the graph."""
+    graph = StateGraph(Bare)
+    graph.add_node("plan", lambda s: {})
+    graph.add_node("worker", lambda packet: {"results": [packet["n"]]})
+    graph.add_edge(START, "plan")
+    graph.add_conditional_edges(
+        "plan", lambda s: [Send("worker", {"n": n, "emb": Ambiguous()}) for n in range(packets)],
+        ["worker"])
+    graph.add_edge("worker", END)
+    return graph.compile()
+
+
+def path_names_graph() -> Any:
+    """Nodes ``search/web`` (an edge) and ``search`` (the route not taken): the skip of
+    ``search`` pruned ``search/web`` too, a path under it, and its receipt went late."""
+    graph = StateGraph(Bare)
+    graph.add_node("plan", lambda s: {})
+    graph.add_node("search/web", lambda s: {"a": "w"})
+    graph.add_node("search", lambda s: {"b": "s"})
+    graph.add_node("other", lambda s: {"c": "o"})
+    graph.add_edge(START, "plan")
+    graph.add_edge("plan", "search/web")
+    graph.add_conditional_edges("plan", lambda s: "other", {"other": "other", "search": "search"})
+    return graph.compile()
+
+
+def edge_and_sends_graph() -> Any:
+    """``plan`` reaches ``worker`` by an edge and sends it a packet: two tasks of ``worker``;
+    the edge's was left out of the join (its receipt went late)."""
+    graph = StateGraph(Bare)
+    graph.add_node("plan", lambda s: {})
+    graph.add_node("worker", lambda s: {"results": [sorted(s)]})
+    graph.add_node("other", lambda s: {"results": ["other"]})
+    graph.add_edge(START, "plan")
+    graph.add_edge("plan", "worker")
+    graph.add_conditional_edges("plan", lambda s: [Send("worker", {"x": 1}), "other"],
+                                ["worker", "other"])
+    return graph.compile()
+
+
+def self_referring_value_graph() -> Any:
+    """Branch ``b`` returns a value that refers to itself: encoding it raised RecursionError
+    in the handler, which failed the graph."""
+    graph = StateGraph(Bare)
+    graph.add_node("plan", lambda s: {})
+    graph.add_node("a", lambda s: {"a": "a"})
+
+    def looped(state: Any) -> Any:
+        value: dict[str, Any] = {}
+        value["self"] = value
+        return {"x": value}
+
+    graph.add_node("b", looped)
+    graph.add_edge(START, "plan")
+    for node in ("a", "b"):
+        graph.add_edge("plan", node)
+    return graph.compile()
+
+
 async def _never(state: Any) -> Any:
     await asyncio.Event().wait()  # runs until LangGraph cancels it (a sibling failed)
 
@@ -126,6 +256,12 @@ VARIANTS: dict[str, tuple[Callable[[], Any], Callable[[Any], Any]]] = {
     "start_routes": (start_routes_graph, _invoke),
     "cancelled": (lambda: failing_graph(_never), _ainvoke),
     "unprintable": (lambda: failing_graph(None), _invoke),
+    "renamed_router": (renamed_router_graph, lambda graph: graph.invoke({})),
+    "handoff": (handoff_graph, lambda graph: graph.invoke({})),
+    "ambiguous_sends": (ambiguous_sends_graph, lambda graph: graph.invoke({})),
+    "path_names": (path_names_graph, lambda graph: graph.invoke({})),
+    "edge_and_sends": (edge_and_sends_graph, lambda graph: graph.invoke({})),
+    "self_referring": (self_referring_value_graph, lambda graph: graph.invoke({})),
 }
 
 
@@ -263,3 +399,101 @@ def test_the_example_completes_both_routes(runs: Runs) -> None:
     _, closes = runs["example"]
     assert sorted((c["reason"], tuple(c["pruned"])) for c in closes) \
         == [("complete", ("review_legal",)), ("complete", ("review_tech",))]
+
+
+def test_a_renamed_router_reports_its_routes(runs: Runs) -> None:
+    error, close = runs["renamed_router"]
+    assert str(error) == "c failed"
+    assert (close["reason"], close["required"], close["pruned"], close["failed"]) == (
+        "timeout", ["a", "b", "c", "d"], ["d"], ["c"])
+
+
+def test_a_handoff_from_a_subgraph_is_the_branch_s_result(runs: Runs) -> None:
+    state, close = runs["handoff"]
+    assert (state["x"], state["y"], state["done"]) == ("from agent1", "from agent2", "yes")
+    assert (close["reason"], close["missing"]) == ("complete", [])
+    assert close["values"] == {"x": "from agent1", "y": "from agent2"}
+
+
+def test_send_arguments_are_never_compared(runs: Runs) -> None:
+    state, close = runs["ambiguous_sends"]
+    assert sorted(state["results"]) == list(range(6))  # the graph ran as without Fanin
+    assert close["reason"] == "complete"
+    assert [close["values"][f"worker/{n}"] for n in range(6)] == \
+        [{"results": [n]} for n in range(6)]
+
+
+def test_node_names_that_are_paths_of_one_another_are_separate_routes(runs: Runs) -> None:
+    state, close = runs["path_names"]
+    assert (state["a"], state["c"], "b" in state) == ("w", "o", False)
+    assert (close["reason"], close["required"], close["pruned"]) == (
+        "complete", ["other", "search", "search%2Fweb"], ["search"])
+    assert close["values"] == {"a": "w", "c": "o"}
+
+
+def test_a_node_reached_by_an_edge_and_a_send_is_two_branches(runs: Runs) -> None:
+    state, close = runs["edge_and_sends"]
+    assert len(state["results"]) == 3  # worker ran twice, other once
+    assert (close["reason"], close["required"]) == (
+        "complete", ["other", "worker", "worker/0"])
+
+
+def test_a_value_that_refers_to_itself_is_an_error_receipt_not_a_failed_graph(
+        runs: Runs) -> None:
+    state, close = runs["self_referring"]
+    assert state["a"] == "a" and state["x"]["self"] is state["x"]
+    assert (close["failed"], close["branches"]["b"]["error"]) == (
+        ["b"], "unreported value: nested too deeply, or refers to itself")
+
+
+class _RefusesErrors(MemorySink):
+    """A sink that fails on error receipts (a test double: the real sinks fail on cue only
+    with a broken network)."""
+
+    def publish(self, message: Any) -> None:
+        if '"status":"error"' in message.line:
+            raise PublishError("the sink is down")
+        super().publish(message)
+
+
+def test_a_sink_failure_never_replaces_the_node_s_exception(
+        caplog: pytest.LogCaptureFixture) -> None:
+    graph = attach(failing_graph(lambda s: {"docs": ["a doc"]}), Emitter(_RefusesErrors()))
+    with caplog.at_level(logging.WARNING), pytest.raises(ValueError, match="no ranker"):
+        _invoke(graph)
+    assert "the error receipt of branch 'rank'" in caplog.text
+
+
+def test_a_resumed_run_opens_no_join_for_the_start_it_resumes() -> None:
+    """START fans out to ``a`` and ``b``; ``a`` to ``c`` and ``d``, which interrupts. The
+    resumed run (``Command(resume=...)``) runs ``d`` alone: it opened a phantom join over
+    ``a`` and ``b`` (both long done), which then closed ``timeout`` with both missing."""
+    def d(state: Any) -> Any:
+        return {"y": f"approved={interrupt('approve?')}"}
+
+    builder = StateGraph(Bare)
+    builder.add_node("a", lambda s: {"a": "a"})
+    builder.add_node("b", lambda s: {"b": "b"})
+    builder.add_node("c", lambda s: {"c": "c"})
+    builder.add_node("d", d)
+    builder.add_edge(START, "a")
+    builder.add_edge(START, "b")
+    builder.add_edge("a", "c")
+    builder.add_edge("a", "d")
+    sink = MemorySink()
+    graph = attach(builder.compile(checkpointer=InMemorySaver()), Emitter(sink))
+    config = {"configurable": {"thread_id": "t"}}
+    graph.invoke({}, config)
+    before = len(sink.lines)
+    assert graph.invoke(Command(resume="yes"), config)["y"] == "approved=yes"
+    opens = [line for line in sink.lines if '"kind":"open"' in line]
+    assert len(opens) == 2 and all(line in sink.lines[:before] for line in opens)
+
+
+def test_a_fan_out_too_wide_to_open_is_not_reported_and_the_graph_runs(
+        caplog: pytest.LogCaptureFixture) -> None:
+    sink = MemorySink()
+    graph = attach(ambiguous_sends_graph(60), Emitter(sink, max_bytes=700))
+    with caplog.at_level(logging.WARNING):
+        assert sorted(graph.invoke({})["results"]) == list(range(60))
+    assert sink.lines == [] and "a fan-out of 60 branches is not reported" in caplog.text

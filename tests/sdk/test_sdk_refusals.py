@@ -182,6 +182,11 @@ def test_the_error_text_rule(emitter: Emitter, sink: MemorySink, ctx: JoinContex
     receipt = parsed(sink.lines[-1])
     assert receipt["error"].endswith("[truncated: 5012 characters]")
     assert len(sink.lines[-1].encode()) <= 2000
+    # cut twice (16 KiB, then the size limit): the count is still the whole text's
+    with pytest.raises(ValueError), small.receipt(ctx, "work"):
+        raise ValueError("z" * 100_000)
+    assert parsed(sink.lines[-1])["error"].endswith("[truncated: 100012 characters]")
+    assert len(sink.lines[-1].encode()) <= 2000
 
 
 def test_a_value_the_parser_refuses_gives_an_error_receipt(emitter: Emitter, sink: MemorySink,
