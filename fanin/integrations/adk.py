@@ -113,9 +113,10 @@ class _Invocation:
     waiting: dict[NodeKey, deque[Target]] = field(default_factory=lambda: defaultdict(deque))
     started: set[str] = field(default_factory=set)  # workflows whose START fan-out is open
     members: dict[str, _NodeRun] = field(default_factory=dict)  # running ParallelAgent members
-    # every agent under a running member (itself included) -> the member's name: a member
-    # that is a SequentialAgent or a LoopAgent writes through the events of its sub-agents
-    member_of: dict[str, str] = field(default_factory=dict)
+    # every agent under a running member (itself included) -> the names of the members it is
+    # under (a ParallelAgent inside a member makes members of its own): a member that is a
+    # SequentialAgent or a LoopAgent writes through the events of the agents below it
+    member_of: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
 
 
 def _being_cancelled() -> bool:
@@ -206,8 +207,9 @@ class FaninPlugin(BasePlugin):
                 if ctx is not None:
                     inv.members.update({name: _NodeRun(targets=[(ctx, name)])
                                         for name in names})
-                    inv.member_of.update({below.name: sub.name for sub in agent.sub_agents
-                                          for below in _under(sub)})
+                    for sub in agent.sub_agents:
+                        for below in _under(sub):
+                            inv.member_of[below.name].add(sub.name)
             workflow = self._owners.get(agent.name)
             if workflow is not None:
                 self._run(inv, workflow, agent.name, None)
@@ -245,9 +247,10 @@ class FaninPlugin(BasePlugin):
         path = info.path if info is not None else None
         with self._lock:
             inv = self._invocation(invocation_context)
-            member = inv.members.get(inv.member_of.get(event.author, event.author))
-            if member is not None:
-                member.take(event)
+            for name in inv.member_of.get(event.author) or (event.author,):
+                member = inv.members.get(name)
+                if member is not None:
+                    member.take(event)
             own = self._locate(path)
             if own is not None:
                 self._record(inv, own, event)

@@ -14,7 +14,7 @@ Mapping (``docs/integrations.md``):
   ``X`` sent them. A branch is named by its node with ``%`` and ``/`` escaped (``_branch``).
   A fan-out from ``START`` opens when ``START``'s task ends, as for any node (a run whose
   callbacks show no ``START`` task: its static edges when the first task starts; none for a
-  run that resumes a thread, whose input is ``None`` or a ``Command``).
+  run that resumes a thread, whose input is ``None`` or a ``Command(resume=...)``).
 - **Route not taken -> skip.** Each mapped target that ``X``'s conditional edges (and goto) did
   not choose is skipped at once.
 - **Branch run -> receipt.** Each task of the next super-step that ``X`` triggered reports one
@@ -24,9 +24,10 @@ Mapping (``docs/integrations.md``):
   reducer: the keys LangGraph refuses to see written twice in one step, ``InvalidUpdateError``);
   otherwise the key is the branch and the value the whole update (reducer channels such as
   ``Annotated[list, operator.add]`` are meant to take concurrent writes).
-- A handoff (``Command(graph=Command.PARENT)``, which LangGraph raises as ``ParentCommand``
-  through the task) is how the task finished: ``ok`` with the command's update. Other
-  interrupts (``GraphBubbleUp``) are not results: no receipt.
+- A handoff to this graph from a subgraph that is a branch (``Command(graph=Command.PARENT)``
+  inside it, which LangGraph raises as ``ParentCommand`` through the task) is how the branch
+  finished: ``ok`` with the command's update. Other interrupts (``GraphBubbleUp``, also a
+  node of this graph handing off above it) are not results: no receipt.
 
 Guarantees: the handler is thread-safe (sync graphs run tasks in threads) and runs inline in
 async graphs, so messages are emitted in the order LangGraph reports the events. It raises its
@@ -139,9 +140,10 @@ class FaninCallbackHandler(BaseCallbackHandler):
         self._runs: dict[UUID, _GraphRun] = {}
         self._tasks: dict[UUID, _Task] = {}
         self._routers: dict[UUID, tuple[_Task, Any]] = {}
-        # runs of the graph that continue a thread (input None or a Command: a resume after
-        # an interrupt): their first task is not a fan-out from START
+        # runs of the graph that resume a thread (input None, or a Command with ``resume``):
+        # their first task is not a fan-out from START
         self._continued: set[UUID] = set()
+        self._name = graph.get_name()
 
     # -- LangChain callbacks ----------------------------------------------------------------
 
@@ -152,8 +154,10 @@ class FaninCallbackHandler(BaseCallbackHandler):
         meta = metadata or {}
         name = kwargs.get("name")
         with self._lock:
-            if parent_run_id is None and (inputs is None or isinstance(inputs, Command)):
-                self._continued.add(run_id)
+            if name == self._name and "langgraph_node" not in meta and (
+                    inputs is None or (isinstance(inputs, Command)
+                                       and inputs.resume is not None)):
+                self._continued.add(run_id)  # the graph's run (also inside a chain) resumes
                 return
             parent = self._tasks.get(parent_run_id) if parent_run_id else None
             if parent is not None:
@@ -205,11 +209,12 @@ class FaninCallbackHandler(BaseCallbackHandler):
             if found is None:
                 return
             task, run = found
-            if isinstance(error, ParentCommand) and error.args \
-                    and isinstance(error.args[0], Command):
-                # a handoff (Command(graph=Command.PARENT)): the task finished with the
-                # command's update, from a node of this graph or from the task's subgraph
-                self._succeeded(task, run, error.args[0])
+            command = error.args[0] if isinstance(error, ParentCommand) and error.args \
+                else None
+            if isinstance(command, Command) and command.graph == task.namespace:
+                # a handoff to this graph (Command(graph=Command.PARENT) in the task's
+                # subgraph): the task finished with the command's update and goto
+                self._succeeded(task, run, command)
                 return
             if isinstance(error, GraphBubbleUp):  # an interrupt: not a result
                 return
@@ -222,9 +227,8 @@ class FaninCallbackHandler(BaseCallbackHandler):
 
     def _succeeded(self, task: _Task, run: _GraphRun, outputs: Any) -> None:
         """A task attempt finished with ``outputs`` (an update, or a ``Command``): receipts,
-        then the fan-out it makes. A ``Command`` addressed to this graph's parent routes
-        nowhere here; one a subgraph addresses to this graph (its ``graph`` is the task's
-        namespace) routes like the node's own."""
+        then the fan-out it makes. A ``Command`` of the node's own routes here; one its
+        subgraph addresses to this graph (its ``graph`` is the task's namespace) too."""
         update, goto = outputs, []
         if isinstance(outputs, Command):
             update = outputs.update

@@ -10,6 +10,7 @@ join that waits must not hang the test), all emitted lines go through one bounde
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
@@ -215,6 +216,25 @@ def test_parallel_members_that_are_sequences_report_what_their_sub_agents_wrote(
     outcome, close = runs["parallel_sequences"]
     assert close["reason"] == "complete"
     assert close["values"] == outcome.state == {"r1": "p1 wrote", "r2": "p2 wrote"}
+
+
+def test_a_parallel_agent_inside_a_member_writes_for_the_member_too() -> None:
+    """Member ``p3`` runs a ``ParallelAgent`` of its own (a second join): the one key its
+    member ``q1`` writes is ``p3``'s receipt too (the inner join took q1's events alone)."""
+    step = example.Step
+    p3 = SequentialAgent(name="p3", sub_agents=[
+        ParallelAgent(name="inner", sub_agents=[step(name="q1", state={"k1": "q1 wrote"}),
+                                                step(name="q2")]),
+        step(name="p3_z")])
+    app = App(name="nested_parallel", root_agent=SequentialAgent(name="root", sub_agents=[
+        step(name="plan", output="q"),
+        ParallelAgent(name="fan", sub_agents=[step(name="p1", state={"r1": "p1 wrote"}), p3])]))
+    sink = MemorySink()
+    attach(app, Emitter(sink))
+    asyncio.run(_bounded(app))
+    receipts = {(m["branch"], m.get("key"), m.get("value")) for m in map(json.loads, sink.lines)
+                if m.get("kind") != "open"}
+    assert ("p3", "k1", "q1 wrote") in receipts and ("q1", "k1", "q1 wrote") in receipts
 
 
 def test_parallel_members_writing_one_key_last_write_wins_in_adk_conflict_in_fanin(

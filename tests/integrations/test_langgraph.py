@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
 import operator
 from collections.abc import Callable
@@ -155,7 +156,11 @@ def handoff_graph() -> Any:
 
 
 class Ambiguous:
-    """Compares as a numpy array does: ``==`` gives something that is no bool."""
+    """A packet that compares as a numpy array does: ``==`` gives something that is no bool
+    (also against itself: ``==`` is not identity)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
 
     def __eq__(self, other: object) -> Any:
         return self
@@ -171,11 +176,10 @@ def ambiguous_sends_graph(packets: int = 6) -> Any:
     them to match packets to tasks, and its error failed the graph."""
     graph = StateGraph(Bare)
     graph.add_node("plan", lambda s: {})
-    graph.add_node("worker", lambda packet: {"results": [packet["n"]]})
+    graph.add_node("worker", lambda packet: {"results": [packet.n]})
     graph.add_edge(START, "plan")
     graph.add_conditional_edges(
-        "plan", lambda s: [Send("worker", {"n": n, "emb": Ambiguous()}) for n in range(packets)],
-        ["worker"])
+        "plan", lambda s: [Send("worker", Ambiguous(n)) for n in range(packets)], ["worker"])
     graph.add_edge("worker", END)
     return graph.compile()
 
@@ -464,10 +468,8 @@ def test_a_sink_failure_never_replaces_the_node_s_exception(
     assert "the error receipt of branch 'rank'" in caplog.text
 
 
-def test_a_resumed_run_opens_no_join_for_the_start_it_resumes() -> None:
-    """START fans out to ``a`` and ``b``; ``a`` to ``c`` and ``d``, which interrupts. The
-    resumed run (``Command(resume=...)``) runs ``d`` alone: it opened a phantom join over
-    ``a`` and ``b`` (both long done), which then closed ``timeout`` with both missing."""
+def _interrupting_graph() -> Any:
+    """START fans out to ``a`` and ``b``; ``a`` to ``c`` and ``d``, which interrupts."""
     def d(state: Any) -> Any:
         return {"y": f"approved={interrupt('approve?')}"}
 
@@ -480,14 +482,52 @@ def test_a_resumed_run_opens_no_join_for_the_start_it_resumes() -> None:
     builder.add_edge(START, "b")
     builder.add_edge("a", "c")
     builder.add_edge("a", "d")
+    return builder.compile(checkpointer=InMemorySaver())
+
+
+def _opens(lines: list[str]) -> list[list[str]]:
+    return [json.loads(line)["required"] for line in lines if '"kind":"open"' in line]
+
+
+@pytest.mark.parametrize("wrapped", [False, True])
+def test_a_resumed_run_opens_no_join_for_the_start_it_resumes(wrapped: bool) -> None:
+    """The resumed run (``Command(resume=...)``) runs ``d`` alone: it opened a phantom join
+    over ``a`` and ``b`` (both long done), which then closed ``timeout`` with both missing;
+    also when the graph is called inside a chain."""
     sink = MemorySink()
-    graph = attach(builder.compile(checkpointer=InMemorySaver()), Emitter(sink))
+    attached = attach(_interrupting_graph(), Emitter(sink))
+    graph = RunnableLambda(lambda x, config: attached.invoke(x, config)) if wrapped else attached
     config = {"configurable": {"thread_id": "t"}}
     graph.invoke({}, config)
-    before = len(sink.lines)
+    assert _opens(sink.lines) == [["a", "b"], ["c", "d"]]
     assert graph.invoke(Command(resume="yes"), config)["y"] == "approved=yes"
-    opens = [line for line in sink.lines if '"kind":"open"' in line]
-    assert len(opens) == 2 and all(line in sink.lines[:before] for line in opens)
+    assert _opens(sink.lines) == [["a", "b"], ["c", "d"]]
+
+
+def test_a_command_that_starts_a_thread_is_a_run_from_start() -> None:
+    """``Command(update=...)`` as the input of a fresh thread runs START's edges: its fan-out
+    is a join (not a resume)."""
+    sink = MemorySink()
+    graph = attach(_interrupting_graph(), Emitter(sink))
+    graph.invoke(Command(update={"x": "given"}), {"configurable": {"thread_id": "fresh"}})
+    assert _opens(sink.lines) == [["a", "b"], ["c", "d"]]
+
+
+def test_a_top_graph_node_handing_off_above_it_is_not_a_result() -> None:
+    """A node of the attached (top) graph returning ``Command(graph=Command.PARENT)``: LangGraph
+    fails the run (there is no parent), and the branch has no receipt (not ``ok``)."""
+    builder = StateGraph(Bare)
+    builder.add_node("plan", lambda s: {})
+    builder.add_node("a", lambda s: {"a": "a"})
+    builder.add_node("b", lambda s: Command(graph=Command.PARENT, update={"b": "b"}))
+    builder.add_edge(START, "plan")
+    for node in ("a", "b"):
+        builder.add_edge("plan", node)
+    sink = MemorySink()
+    with pytest.raises(Exception):  # noqa: B017 (LangGraph's own error, whatever its type)
+        attach(builder.compile(), Emitter(sink)).invoke({})
+    assert sorted(json.loads(line)["branch"] for line in sink.lines
+                  if '"kind":"open"' not in line) == ["a"]
 
 
 def test_a_fan_out_too_wide_to_open_is_not_reported_and_the_graph_runs(
