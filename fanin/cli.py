@@ -328,6 +328,16 @@ def _reported_by_fanin(record: logging.LogRecord) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The ``fanin`` command; its exit status. Ctrl-C anywhere (also while it starts, before
+    a subcommand handles it) is one line, exit 130."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("fanin: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: Sequence[str] | None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
     logging.getLogger("fanin").setLevel(logging.INFO)
     for handler in logging.getLogger().handlers:

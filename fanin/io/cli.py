@@ -11,8 +11,10 @@
 - stdout: one final summary line ``sent=N failed=M`` (also after Ctrl-C).
 - ``--timeout S`` (default 60): give up after S seconds without any confirmation (Pub/Sub or
   its emulator down); the messages not confirmed and the lines not sent count as failed.
-- exit status: 0 if every message was published, 1 if any failed, 130 after Ctrl-C (the
-  messages in flight get 10 s to settle; a second Ctrl-C stops at once, without a count), 2 with
+- exit status: 0 if every message was published, 1 if any failed, 130 after Ctrl-C, also while
+  it waits for the last confirmations (the messages in flight get 10 s to settle; reading a
+  pipe, the first Ctrl-C takes effect at the next line it reads; a second Ctrl-C stops at
+  once, without a count), 2 with
   a one-line message for bad usage: a malformed topic path, a file that cannot be opened, a
   timeout that is not a positive number, no credentials (and no ``PUBSUB_EMULATOR_HOST``).
 """

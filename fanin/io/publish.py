@@ -247,9 +247,14 @@ def publish_file(
                     with state.changed:
                         state.fail(rest[0], f"not sent: {silence}", len(rest), rest[-1])
             with state.changed:
+                if not stop.is_set():  # every line read: the confirmations (Ctrl-C ends it)
+                    state.wait(lambda: not state.in_flight, timeout_s, stop)
+                # Ctrl-C, while reading or during that wait: what is in flight gets grace_s
                 interrupted = stop.is_set()
-                deadline = time.monotonic() + grace_s if interrupted else None
-                if not state.wait(lambda: not state.in_flight, timeout_s, stop, deadline):
+                if interrupted:
+                    state.wait(lambda: not state.in_flight, timeout_s, stop,
+                               time.monotonic() + grace_s)
+                if state.in_flight:
                     state.give_up_in_flight(
                         "interrupted before Pub/Sub confirmed it (it may still arrive)"
                         if interrupted else f"not confirmed: {silence}; it may still arrive")

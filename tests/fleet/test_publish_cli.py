@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -17,6 +18,7 @@ from support.emulator import PubSubEmulator, wait_for
 from support.fanin_runs import jsonl_lines
 
 from fanin.cli import main as fanin_main
+from fanin.io.publish import publish_file
 from fanin.transforms.read import numbered_lines
 
 FANIN = [sys.executable, "-c", "import sys; from fanin.cli import main; sys.exit(main())"]
@@ -188,3 +190,22 @@ def test_bad_use_is_one_line_before_anything_is_sent(
     assert refused.value.code == 2
     assert capsys.readouterr().err.splitlines()[-1] == \
         "fanin: error: argument --progress-every: must be >= 0, not -1"
+
+
+def test_ctrl_c_while_it_waits_for_confirmations_is_an_interrupt(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every line read, the confirmations awaited (nothing listens at the emulator's address),
+    then Ctrl-C: the messages in flight get the grace period and count as interrupted (exit
+    130), where the wait's end was taken for a timeout (exit 1, "not confirmed ... gave up")."""
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.setenv("PUBSUB_EMULATOR_HOST", f"127.0.0.1:{port}")
+    stop = threading.Event()
+    summary = publish_file("projects/my-project/topics/receipts",
+                           str(receipts_file(tmp_path / "in", 20)),
+                           timeout_s=30, waiting=lambda silent_s: stop.set(), stop=stop,
+                           grace_s=0.5)
+    assert (summary.sent, summary.failed, summary.interrupted) == (0, 20, True)
+    assert [(k.error, k.count) for k in summary.kinds] == [
+        ("interrupted before Pub/Sub confirmed it (it may still arrive)", 20)]

@@ -99,6 +99,23 @@ def test_ctrl_c_before_the_run_wrote_anything_says_so(
     assert not (out / ".fanin-run").exists()
 
 
+def test_ctrl_c_while_it_starts_is_one_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Ctrl-C before the job is built (Beam's options read, its modules loading): one line,
+    exit 130, where it was a traceback."""
+    import fanin.cli
+
+    def interrupted(*_: Any) -> Any:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(fanin.cli, "_unknown_beam_args", interrupted)
+    out = tmp_path / "out"
+    assert main(_run(out)) == 130
+    assert capsys.readouterr().err == "fanin: interrupted\n"
+    assert not out.exists()
+
+
 def test_overwrite_then_a_refusal_at_submission_keeps_the_mark(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
