@@ -621,11 +621,14 @@ def _stopped(exc: BaseException, result: beam.runners.runner.PipelineResult | No
              lock: OutputLock | None, before: frozenset[str], output: str) -> None:
     """A run that stopped before its end: a job it started on a job service is cancelled on
     Ctrl-C (it would run on, writing into a folder no longer locked); the output folder keeps
-    its mark if the run changed it (``OutputLock``)."""
+    its mark if the run changed it (``OutputLock``), or if a second signal aborted its drain
+    (``SystemExit``: the joins it held are in no file, though their messages were read and
+    acknowledged, and an output topic may have some of their closes)."""
     if result is not None and isinstance(exc, KeyboardInterrupt):
         with contextlib.suppress(Exception):  # the local runner's job has stopped already
             result.cancel()
-    if lock is not None and (lock.changed or _files_in(output) != before):
+    if lock is not None and (lock.changed or isinstance(exc, SystemExit)
+                             or _files_in(output) != before):
         lock.release()  # the outputs are partial: the folder keeps its mark
     elif lock is not None:
         lock.abandon()  # refused before it changed anything (at submission)

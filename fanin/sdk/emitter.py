@@ -131,6 +131,11 @@ class Emitter:
                  timer: Callable[[], float] = time.monotonic,
                  new_id: Callable[[], str] = _uuid_hex, max_bytes: int = DEFAULT_MAX_BYTES,
                  max_tracked: int = 100_000, contracts: Container[str] | None = None) -> None:
+        if sink.max_message_bytes is not None and max_bytes > sink.max_message_bytes:
+            # a message between the two would pass the parser's check, then fail to send,
+            # with no receipt to say so
+            raise ValueError(f"max_bytes={max_bytes} is over what {sink!r} can send "
+                             f"({sink.max_message_bytes} bytes a message)")
         self.sink = sink
         self.contracts = contracts
         self.clock = clock

@@ -28,7 +28,9 @@ Guarantees:
   first pending batch of each ordering key and cancels the others).
 - At interpreter exit, every ``JsonlFileSink``/``PubSubSink`` still holding unflushed messages
   is closed (so flushed), after an ``UnflushedMessagesWarning`` naming the sink and the count;
-  a failure of that flush is a second warning. Close your sinks (or use ``with``).
+  a failure of that flush is a second warning; also at the end of a ``multiprocessing`` child
+  (a pool worker, a forked ``Process``) for the sinks it created. Close your sinks (or use
+  ``with``).
 """
 
 from __future__ import annotations
@@ -96,7 +98,11 @@ _S = TypeVar("_S", bound="Sink")
 
 
 class Sink(ABC):
-    """What an ``Emitter`` writes to; ``with sink:`` closes it (surfacing failures) on exit."""
+    """What an ``Emitter`` writes to; ``with sink:`` closes it (surfacing failures) on exit.
+    ``max_message_bytes``: the largest message the transport takes (``None``: no limit); an
+    ``Emitter`` whose ``max_bytes`` is larger is refused."""
+
+    max_message_bytes: int | None = None
 
     @abstractmethod
     def publish(self, message: EncodedMessage) -> None:
@@ -159,12 +165,24 @@ def _close_at_exit() -> None:
                           stacklevel=1)
 
 
+_EXIT_HOOKED_IN: int | None = None  # the process whose multiprocessing exit runs the hook
+
+
 def _watch_at_exit(sink: Sink) -> None:
     """Track ``sink`` for ``_close_at_exit``, which is (re-)registered last, so it runs before
-    the exit handlers of libraries imported since (e.g. the Pub/Sub client's)."""
+    the exit handlers of libraries imported since (e.g. the Pub/Sub client's). A
+    ``multiprocessing`` child ends with ``os._exit``, which runs no ``atexit`` handler (a
+    forked pool worker's sink lost its messages without a word): there the hook runs as one of
+    the finalizers ``multiprocessing`` runs at a child's end, registered once per process."""
+    global _EXIT_HOOKED_IN
     _OPEN_SINKS.add(sink)
     atexit.unregister(_close_at_exit)
     atexit.register(_close_at_exit)
+    if os.getpid() != _EXIT_HOOKED_IN:
+        import multiprocessing.util
+
+        multiprocessing.util.Finalize(None, _close_at_exit, exitpriority=100)
+        _EXIT_HOOKED_IN = os.getpid()
 
 
 class JsonlFileSink(Sink):
@@ -227,8 +245,11 @@ class PubSubSink(Sink):
 
     ``flush_timeout_s`` (``None``: no limit) is the deadline of a whole ``flush`` and the longest
     a ``publish`` waits for room; ``max_held``/``max_held_bytes`` bound the messages held (see
-    the module docstring).
+    the module docstring). Pub/Sub takes at most 10,000,000 bytes a message, attributes
+    included: ``max_message_bytes`` leaves them 100,000.
     """
+
+    max_message_bytes = 9_900_000
 
     def __init__(self, topic: str, ordering_by_join: bool = False, *, publisher: Any = None,
                  batch_settings: Any = None, retry: Any = None, timeout: float | None = None,

@@ -197,3 +197,20 @@ def test_overwrite_empties_a_linked_output_folder_and_keeps_the_link(
     assert (out / "dead_letter").is_symlink()
     assert "stale.jsonl" not in os.listdir(elsewhere)
     assert _files(out) == expected
+
+
+@pytest.mark.parametrize(("stop", "marked"), [(SystemExit(130), True),
+                                               (KeyboardInterrupt(), False)])
+def test_a_drain_aborted_by_a_second_signal_keeps_the_mark(
+        tmp_path: Path, stop: BaseException, marked: bool) -> None:
+    """A subscription run whose drain a second signal aborts (``SystemExit``) wrote no file,
+    yet the joins it held were read and acknowledged (and an output topic may hold some of
+    their closes): the folder keeps its mark, where it read as a finished run. A run stopped
+    otherwise before writing anything leaves the folder unmarked."""
+    from fanin.io.output_lock import UNFINISHED, OutputLock, folder_state
+    from fanin.pipelines.pipeline import _files_in, _stopped
+
+    out = str(tmp_path / "out")
+    lock = OutputLock.acquire(out, continues=True)
+    _stopped(stop, None, lock, _files_in(out), out)
+    assert (folder_state(out) == UNFINISHED) is marked

@@ -46,6 +46,41 @@ def test_a_script_that_forgets_close_still_delivers_and_warns(
     assert sorted(json.loads(m.data)["kind"] for m in got) == ["open", "receipt"]
 
 
+FORKED_CHILD = textwrap.dedent("""
+    import multiprocessing, sys
+    from google.cloud import pubsub_v1
+    from fanin.sdk import Emitter, JoinContext, PubSubSink
+
+    def agent(topic):  # a forked worker that forgets close(): it ends with os._exit
+        emitter = Emitter(PubSubSink(topic, batch_settings=pubsub_v1.types.BatchSettings(
+            max_messages=100, max_bytes=1_000_000, max_latency=10)))
+        ctx = JoinContext.new(run_id="forked")
+        emitter.open(ctx, required=["a"])
+        emitter.emit(ctx, "a", "ok", value=1)
+
+    if __name__ == "__main__":
+        child = multiprocessing.get_context("fork").Process(target=agent, args=(sys.argv[1],))
+        child.start()
+        child.join()
+        print(child.exitcode)
+""")
+
+
+def test_a_forked_child_that_forgets_close_still_delivers_and_warns(
+        pubsub_emulator: PubSubEmulator, tmp_path: Path) -> None:
+    """A multiprocessing child runs no atexit handler (it ends with os._exit): its unflushed
+    messages were lost without a word."""
+    topic, subscription = pubsub_emulator.topic_and_subscription("forked")
+    script = tmp_path / "forked.py"
+    script.write_text(FORKED_CHILD)
+    done = subprocess.run([sys.executable, str(script), topic], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path, env=same_code_env())
+    assert (done.returncode, done.stdout) == (0, "0\n"), done.stderr
+    assert f"PubSubSink({topic!r}) held 2 unflushed message(s) at interpreter exit" in done.stderr
+    got = pubsub_emulator.collect(subscription, lambda msgs: len(msgs) >= 2, 30)
+    assert sorted(json.loads(m.data)["kind"] for m in got) == ["open", "receipt"]
+
+
 def test_emitter_is_a_context_manager_sync_and_async(pubsub_emulator: PubSubEmulator) -> None:
     topic, subscription = pubsub_emulator.topic_and_subscription("with")
     ctx = JoinContext.new(run_id="with")

@@ -22,6 +22,7 @@ from fanin.sdk import (
     JoinContext,
     MemorySink,
     MessageRefused,
+    PubSubSink,
     fit_error,
 )
 
@@ -416,3 +417,22 @@ def test_contract_names_are_checked_when_the_emitter_knows_them(sink: MemorySink
         emitter.open(JoinContext.new(contract="triag"))
     Emitter(sink).open(JoinContext.new(contract="triag"))  # without names: any contract passes
     assert len(sink.lines) == 2
+
+
+class _NoPublisher:
+    """Stands for Pub/Sub's client where nothing is published (a test double)."""
+
+    def publish(self, *args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("nothing is published")
+
+    def resume_publish(self, *args: Any) -> None:
+        raise AssertionError("nothing is published")
+
+
+def test_an_emitter_allowing_more_than_its_sink_can_send_is_refused() -> None:
+    """Pub/Sub takes at most 10 MB a message: an 11 MB value checked against max_bytes=16 MB
+    failed to send, with no receipt to say so."""
+    sink = PubSubSink("projects/my-project/topics/receipts", publisher=_NoPublisher())
+    with pytest.raises(ValueError, match="over what PubSubSink"):
+        Emitter(sink, max_bytes=16_000_000)
+    assert Emitter(sink, max_bytes=sink.max_message_bytes).max_bytes == 9_900_000
