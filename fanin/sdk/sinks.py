@@ -20,7 +20,9 @@ Guarantees:
   ``flush_timeout_s``, then raises ``PublishError`` for that message, which is not sent.
 - ``flush_timeout_s`` bounds a whole ``flush``: when it passes, every publish not yet confirmed
   is reported in the ``PublishError`` as not confirmed in time (it may still arrive), next to
-  the messages that failed, each with its reason.
+  the messages that failed, each with its reason. A flush that waits ``NOTICE_S`` (5 s) says
+  so once, in a warning of logger ``fanin.sdk.sinks`` (how many messages, until when), rather
+  than waiting in silence for Pub/Sub (or an emulator) that does not answer.
 - ``PubSubSink.close`` delivers every message published before it (or reports it in its
   ``PublishError``): a client the sink created is stopped first when ordering is off (the
   pending batches are sent at once), and only after every pending publish is confirmed, failed
@@ -36,6 +38,7 @@ Guarantees:
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import threading
 import time
@@ -47,6 +50,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
+
+_LOG = logging.getLogger(__name__)
 
 __all__ = [
     "EncodedMessage",
@@ -302,14 +307,34 @@ class PubSubSink(Sink):
         return None if self._flush_timeout_s is None else \
             time.monotonic() + self._flush_timeout_s
 
-    def _wait(self, condition: Any, deadline: float | None) -> bool:
-        """Wait (holding ``_changed``) until ``condition()`` or the deadline; True if it holds."""
+    NOTICE_S = 5.0  # a flush waiting this long says so (once)
+
+    def _wait(self, condition: Any, deadline: float | None,
+              notice: Any = None) -> bool:
+        """Wait (holding ``_changed``) until ``condition()`` or the deadline; True if it holds.
+        ``notice()`` is called once if the wait lasts ``NOTICE_S``."""
+        notice_at = time.monotonic() + self.NOTICE_S if notice is not None else None
         while not condition():
-            remaining = None if deadline is None else deadline - time.monotonic()
+            now = time.monotonic()
+            remaining = None if deadline is None else deadline - now
             if remaining is not None and remaining <= 0:
                 return False
+            if notice_at is not None:
+                if now >= notice_at:
+                    notice()
+                    notice_at = None
+                    continue
+                remaining = notice_at - now if remaining is None else \
+                    min(remaining, notice_at - now)
             self._changed.wait(remaining)
         return True
+
+    def _waiting(self) -> None:
+        """The notice of a flush that waits (holding ``_changed``)."""
+        until = "without a limit" if self._flush_timeout_s is None else \
+            f"for up to flush_timeout_s={self._flush_timeout_s:g}s in all"
+        _LOG.warning("fanin: %r: a flush waits for Pub/Sub: %d message(s) not confirmed after "
+                     "%gs; waiting %s", self, len(self._in_flight), self.NOTICE_S, until)
 
     def publish(self, message: EncodedMessage) -> None:
         """Hand ``message`` to the client; waits while the sink holds its maximum (see class)."""
@@ -370,7 +395,7 @@ class PubSubSink(Sink):
         with self._changed:
             last = self._sequence
             done = self._wait(lambda: not self._in_flight or next(iter(self._in_flight)) > last,
-                              deadline)
+                              deadline, self._waiting)
             if not done:
                 late = [n for n in self._in_flight if n <= last]
                 for sequence in late:

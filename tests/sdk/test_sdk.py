@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import logging
 import threading
 from collections.abc import Collection
 from concurrent.futures import Future
@@ -397,3 +398,29 @@ def test_an_ordered_sink_stops_its_client_once_every_publish_is_settled(
     with pytest.raises(PublishError, match="not confirmed within flush_timeout_s"):
         sink.close()
     assert client.stopped  # stopped also when the flush gave up
+
+
+class UnansweredPublisher(FakePublisher):
+    """A client whose publishes are never confirmed (Pub/Sub, or its emulator, not answering)."""
+
+    def publish(self, topic: str, data: bytes, ordering_key: str = "",
+                **attrs: str) -> Future[str]:
+        self.published.append((topic, data, ordering_key, attrs))
+        return Future()
+
+
+def test_a_flush_that_waits_says_so(monkeypatch: pytest.MonkeyPatch, ctx: JoinContext,
+                                    caplog: pytest.LogCaptureFixture) -> None:
+    """Nothing confirms: the flush warns once after NOTICE_S (it waited flush_timeout_s, five
+    minutes by default, in silence), then gives up as before."""
+    monkeypatch.setattr(PubSubSink, "NOTICE_S", 0.05)
+    sink = PubSubSink("projects/p-test/topics/t", publisher=UnansweredPublisher(),
+                      flush_timeout_s=0.3)
+    Emitter(sink).emit(ctx, "a", "ok")
+    with caplog.at_level(logging.WARNING), \
+            pytest.raises(PublishError, match="not confirmed within flush_timeout_s"):
+        sink.flush()
+    notices = [r.getMessage() for r in caplog.records if "a flush waits" in r.getMessage()]
+    assert len(notices) == 1
+    assert "1 message(s) not confirmed after 0.05s; waiting for up to flush_timeout_s=0.3s" \
+        in notices[0]
