@@ -63,15 +63,18 @@ def test_a_run_on_a_folder_another_process_holds_is_refused_and_changes_nothing(
     assert _files(out) == before
 
 
+def _ctrl_c(*_: Any) -> Any:
+    """Stands for what the user's Ctrl-C interrupts (a test double: a signal cannot be timed
+    against a step without sleeps)."""
+    raise KeyboardInterrupt
+
+
 def test_ctrl_c_inside_a_step_is_one_line_and_exit_130(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
     from fanin.transforms import join_bounded
 
-    def interrupted(*_: Any) -> Any:
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(join_bounded.CloseGroups, "process", interrupted)
+    monkeypatch.setattr(join_bounded.CloseGroups, "process", _ctrl_c)
     out = tmp_path / "out"
     assert main(_run(out)) == 130
     err = capsys.readouterr().err
@@ -88,10 +91,7 @@ def test_ctrl_c_before_the_run_wrote_anything_says_so(
     """Interrupted at submission (nothing written): no claim of partial outputs, no mark."""
     import apache_beam as beam
 
-    def interrupted(*_: Any) -> Any:
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(beam.Pipeline, "run", interrupted)
+    monkeypatch.setattr(beam.Pipeline, "run", _ctrl_c)
     out = tmp_path / "out"
     assert main(_run(out)) == 130
     assert capsys.readouterr().err.strip().splitlines()[-1] == \
@@ -106,10 +106,7 @@ def test_ctrl_c_while_it_starts_is_one_line(
     exit 130, where it was a traceback."""
     import fanin.cli
 
-    def interrupted(*_: Any) -> Any:
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(fanin.cli, "_unknown_beam_args", interrupted)
+    monkeypatch.setattr(fanin.cli, "_unknown_beam_args", _ctrl_c)
     out = tmp_path / "out"
     assert main(_run(out)) == 130
     assert capsys.readouterr().err == "fanin: interrupted\n"
