@@ -287,13 +287,16 @@ class _Exact:
     """Decimals in a rendering, with their exact digits and scale (``7.0``, ``1.50``):
     ``json.dumps`` writes a ``Decimal`` only as a float (``12345678901234567.89`` became
     ``1.2345678901234568e+16``). Each is a placeholder string, unique to this rendering,
-    that ``dumps`` replaces by its digits (a JSON number)."""
+    that ``dumps`` replaces by its digits (a JSON number). The token is drawn at the first
+    decimal: a rendering without one (most cells) costs no random draw."""
 
     def __init__(self) -> None:
-        self._token = f"fanin-decimal-{uuid.uuid4().hex}-"
+        self._token = ""
         self._digits: list[str] = []
 
     def number(self, value: decimal.Decimal) -> str:
+        if not self._token:
+            self._token = f"fanin-decimal-{uuid.uuid4().hex}-"
         self._digits.append(format(value, "f"))
         return f"{self._token}{len(self._digits) - 1}"
 
