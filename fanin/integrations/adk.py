@@ -49,7 +49,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from fanin.integrations.fanout import FanOutReporter, describe, keyed, missing_extra
+from fanin.integrations.fanout import (
+    FanOutReporter,
+    describe,
+    describe_exception,
+    keyed,
+    missing_extra,
+)
 from fanin.sdk import Emitter, JoinContext
 
 try:
@@ -237,8 +243,8 @@ class FaninPlugin(BasePlugin):
             member = inv.members.pop(agent.name, None)
             if member is not None:
                 for ctx, branch in member.targets:
-                    self._reporter.error(ctx, branch, describe(type(error).__name__, str(error)),
-                                         attempt=1, during_failure=True)
+                    self._reporter.error(ctx, branch, describe_exception(error), attempt=1,
+                                         during_failure=True)
 
     async def on_event_callback(self, *, invocation_context: Any, event: Any) -> None:
         """Outputs, routes, state writes and failed attempts of workflow nodes, and what

@@ -30,7 +30,8 @@ from typing import Any
 
 from fanin.sdk import Emitter, JoinContext, MessageRefused
 
-__all__ = ["FanOutReporter", "describe", "jsonable", "keyed", "missing_extra"]
+__all__ = ["FanOutReporter", "describe", "describe_exception", "jsonable", "keyed",
+           "missing_extra"]
 
 _LOG = logging.getLogger(__name__)
 
@@ -53,6 +54,16 @@ def jsonable(value: Any) -> Any:
 def describe(kind: str, message: str) -> str:
     """An error's text as the SDK writes it: ``"Kind: message"``, or ``"Kind"`` alone."""
     return f"{kind}: {message}" if message else kind
+
+
+def describe_exception(error: BaseException) -> str:
+    """``describe`` of a branch's exception; one whose ``str()`` raises is described as such
+    (the branch's own exception must reach the caller, not one raised while reporting it)."""
+    try:
+        text = str(error)
+    except Exception as failure:  # any __str__ may fail
+        text = f"<str() of the exception failed: {type(failure).__name__}>"
+    return describe(type(error).__name__, text)
 
 
 def keyed(update: Any, is_plain_key: Callable[[str], bool]) -> tuple[str | None, Any]:

@@ -51,7 +51,12 @@ from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
-from fanin.integrations.fanout import FanOutReporter, describe, keyed, missing_extra
+from fanin.integrations.fanout import (
+    FanOutReporter,
+    describe_exception,
+    keyed,
+    missing_extra,
+)
 from fanin.sdk import Emitter, JoinContext
 
 try:
@@ -220,7 +225,7 @@ class FaninCallbackHandler(BaseCallbackHandler):
                 return
             if not isinstance(error, Exception):  # cancelled: the attempt did not finish
                 return
-            text = describe(type(error).__name__, _text_of(error))
+            text = describe_exception(error)
             for ctx, branch in run.targets.get(task.namespace, ()):
                 self._reporter.error(ctx, branch, text, attempt=run.attempts[task.namespace],
                                      during_failure=True)
@@ -340,15 +345,6 @@ def _equal(a: Any, b: Any) -> bool:
         return bool(a == b)
     except Exception:  # any __eq__ or __bool__ may fail
         return False
-
-
-def _text_of(error: BaseException) -> str:
-    """``str(error)``, or a description when that raises (the node's own exception must
-    reach the caller, not one raised while reporting it)."""
-    try:
-        return str(error)
-    except Exception as failure:  # any __str__ may fail
-        return f"<str() of the exception failed: {type(failure).__name__}>"
 
 
 def attach(graph: Any, emitter: Emitter, *, contract: str | None = None,

@@ -278,3 +278,33 @@ def test_attach_registers_on_a_runner_and_refuses_anything_else() -> None:
     assert isinstance(plugin, FaninPlugin) and runner.plugin_manager.plugins == [plugin]
     with pytest.raises(TypeError, match="App or Runner"):
         attach(object(), Emitter(MemorySink()))
+
+
+class _Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no text")
+
+
+class _FailsUnprintably(BaseAgent):
+    """A member that fails with an exception whose text cannot be read."""
+
+    async def _run_async_impl(self, ctx: Any) -> AsyncGenerator[Any, None]:
+        raise _Unprintable
+        for event in ():  # an async generator, as ADK expects; never reached
+            yield event
+
+
+def test_a_member_s_unprintable_exception_is_its_receipt_not_the_plugin_s_error() -> None:
+    """The member's exception goes on (its text described as unreadable); reading it raised
+    inside the plugin, whose error ADK put in its place."""
+    step = example.Step
+    app = App(name="unprintable", root_agent=SequentialAgent(name="root", sub_agents=[
+        step(name="plan", output="q"),
+        ParallelAgent(name="fan", sub_agents=[step(name="ok_member"),
+                                              _FailsUnprintably(name="bad_member")])]))
+    sink = MemorySink()
+    attach(app, Emitter(sink))
+    outcome = asyncio.run(_bounded(app))
+    assert isinstance(outcome, _Unprintable), repr(outcome)
+    errors = [m["error"] for m in map(json.loads, sink.lines) if m.get("status") == "error"]
+    assert errors == ["_Unprintable: <str() of the exception failed: RuntimeError>"]
