@@ -48,6 +48,7 @@ from fanin.pipelines.cloud_names import (
     validate_dataflow_location,
     validate_gcs_path,
 )
+from fanin.pipelines.collector import collector_for_run
 from fanin.transforms.join import DEFAULT_MAX_BYTES_PER_JOIN, JoinRecords
 from fanin.transforms.parse import KeyMessages, ParseMessages
 from fanin.transforms.read import ReadNumberedLines, Source, expand_inputs, numbered_lines
@@ -599,12 +600,13 @@ def run_pipeline(config: RunConfig, beam_args: Sequence[str],
                          "more than once when it splits a bundle with timers "
                          "(apache/beam#35771, docs/runners.md); the default local streaming "
                          "runner does not")
-        result = p.run()
-        if config.streaming and runner.endswith("DataflowRunner"):
-            _LOG.info("fanin: streaming job submitted; it runs until drained or cancelled")
-            return result
-        with drain_on_signals(drain, _LOG) if drain else contextlib.nullcontext():
-            result.wait_until_finish()
+        with collector_for_run():
+            result = p.run()
+            if config.streaming and runner.endswith("DataflowRunner"):
+                _LOG.info("fanin: streaming job submitted; it runs until drained or cancelled")
+                return result
+            with drain_on_signals(drain, _LOG) if drain else contextlib.nullcontext():
+                result.wait_until_finish()
     except BaseException as exc:
         _stopped(exc, result, lock, before, config.output)
         raise
