@@ -598,8 +598,10 @@ def run_pipeline(config: RunConfig, beam_args: Sequence[str],
         if config.streaming and runner.endswith("PrismRunner"):
             _LOG.warning("fanin: Prism 2.77 may emit a stateful join's closes and late lines "
                          "more than once when it splits a bundle with timers "
-                         "(apache/beam#35771, docs/runners.md); the default local streaming "
-                         "runner does not")
+                         "(apache/beam#35771), and hands the join a bundle's messages in "
+                         "event-time order, not as they arrived (eager closes and per-join "
+                         "limits follow that order; docs/runners.md); the default local "
+                         "streaming runner does neither")
         with collector_for_run():
             result = p.run()
             if config.streaming and runner.endswith("DataflowRunner"):
