@@ -10,7 +10,11 @@ import re
 
 __all__ = ["SETUP_FILE_NAMES", "match_name", "validate_dataflow_location", "validate_gcs_path"]
 
-SETUP_FILE_NAMES = ("setup.py", "pyproject.toml")  # the files Beam takes as --setup_file
+# the --setup_file Fanin takes: Beam builds a setup.py with `python setup.py sdist` when the
+# `build` module is not installed; a pyproject.toml only with `python -m build --no-isolation`,
+# which needs `build` and Fanin's build requirements (setuptools >= 68, wheel) in the launching
+# environment, which a fresh installation of Fanin does not have
+SETUP_FILE_NAMES = ("setup.py",)
 
 # Google Cloud naming rules (documented limits).
 _PROJECT = re.compile(r"(?:[a-z][-a-z0-9.]*[a-z0-9]:)?[a-z][-a-z0-9]{4,28}[a-z0-9]")

@@ -448,8 +448,9 @@ def _check_staged_files(setup: SetupOptions) -> None:
         if path and "://" not in path and not os.path.isfile(path):
             raise ConfigError(f"{option}: no such file: {path}")
     if setup.setup_file and os.path.basename(setup.setup_file) not in SETUP_FILE_NAMES:
-        raise ConfigError(f"--setup_file: Beam takes a file named setup.py or pyproject.toml, "
-                          f"not {setup.setup_file}")
+        raise ConfigError(f"--setup_file: give Fanin's setup.py (Beam builds a pyproject.toml "
+                          f"only with the build module and Fanin's build requirements "
+                          f"installed here), not {setup.setup_file}")
     for package in setup.extra_packages or []:
         if not package.endswith(_PACKAGE_ENDINGS):
             raise ConfigError(f"--extra_package: {package} is not a package file (Beam takes "

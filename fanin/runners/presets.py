@@ -129,7 +129,7 @@ def dataflow(project: str, region: str, temp_location: str, *, streaming: bool =
     elif setup_file is None:
         raise ValueError("workers need Fanin: give setup_file or sdk_container_image")
     if setup_file is not None and os.path.basename(setup_file) not in SETUP_FILE_NAMES:
-        raise ValueError(f"setup_file must name a setup.py or pyproject.toml, got {setup_file!r}")
+        raise ValueError(f"setup_file must name Fanin's setup.py, got {setup_file!r}")
     if not streaming and not exactly_once:
         raise ValueError("exactly_once=False (at-least-once mode) applies to streaming only")
     if streaming and not enable_streaming_engine:

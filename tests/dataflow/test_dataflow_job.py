@@ -160,7 +160,11 @@ def test_replay_is_refused_on_dataflow(tmp_path: Path, dry: bool,
 @pytest.mark.parametrize(("option", "file", "said"), [
     ("--setup_file", "missing/setup.py", "--setup_file: no such file: {path}"),
     ("--setup_file", "other.py",
-     "--setup_file: Beam takes a file named setup.py or pyproject.toml, not {path}"),
+     "--setup_file: give Fanin's setup.py (Beam builds a pyproject.toml only with the build "
+     "module and Fanin's build requirements installed here), not {path}"),
+    ("--setup_file", "pyproject.toml",
+     "--setup_file: give Fanin's setup.py (Beam builds a pyproject.toml only with the build "
+     "module and Fanin's build requirements installed here), not {path}"),
     ("--requirements_file", "missing.txt", "--requirements_file: no such file: {path}"),
     ("--extra_package", "missing/fanin-0.1.0-py3-none-any.whl",
      "--extra_package: no such file: {path}"),
