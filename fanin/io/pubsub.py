@@ -27,7 +27,9 @@ import logging
 import os
 import re
 import sys
+import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -185,14 +187,21 @@ def _publish_time_rfc3339(publish_time: datetime.datetime | None) -> str | None:
     return format_ms(seconds * 1000 + publish_time.microsecond // 1000)
 
 
+_SHARED_LOCK = threading.Lock()
+
+
 class _StaleReport:
     """Counts messages whose event time is older than ``stale_after_ms`` before the clock and
     reports them as one warning with counts: at the end of the first bundle that had any, then
     at most once a minute while more arrive. Their joins' tombstones (deadline + retention) are
     gone by the time they arrive, so each such message starts a join afresh: replayed history
-    sent to a live subscription closes the same joins again and again."""
+    sent to a live subscription closes the same joins again and again.
+
+    One report per reading step and process (``shared``): the local runner runs each bundle
+    with a fresh copy of the step's DoFn, on several threads."""
 
     _EVERY_S = 60.0
+    _SHARED: dict[str, _StaleReport] = {}  # by the token of the DoFn whose copies share it
 
     def __init__(self, stale_after_ms: int) -> None:
         self.stale_after_ms = stale_after_ms
@@ -201,16 +210,29 @@ class _StaleReport:
         self._oldest_ms: int | None = None
         self._reported_at: float | None = None
         self._counter = Metrics.counter("fanin", "pubsub_older_than_retention")
+        self._lock = threading.Lock()
+
+    @classmethod
+    def shared(cls, token: str, stale_after_ms: int) -> _StaleReport:
+        """The report of the step ``token`` names, in this process."""
+        with _SHARED_LOCK:
+            return cls._SHARED.setdefault(token, cls(stale_after_ms))
 
     def note(self, event_ms: int) -> None:
         if event_ms >= time.time() * 1000 - self.stale_after_ms:
             return
-        self.total += 1
-        self._unreported += 1
-        self._oldest_ms = event_ms if self._oldest_ms is None else min(self._oldest_ms, event_ms)
+        with self._lock:
+            self.total += 1
+            self._unreported += 1
+            self._oldest_ms = event_ms if self._oldest_ms is None else \
+                min(self._oldest_ms, event_ms)
         self._counter.inc()
 
     def report(self) -> None:
+        with self._lock:
+            self._report()
+
+    def _report(self) -> None:
         now = time.monotonic()
         if not self._unreported or (self._reported_at is not None
                                     and now - self._reported_at < self._EVERY_S):
@@ -236,11 +258,12 @@ class _ToRecord(beam.DoFn):
         self._source_name = source_name
         self._timestamp_attribute = timestamp_attribute
         self._stale_after_ms = stale_after_ms
+        self._token = uuid.uuid4().hex  # copies of this DoFn share one report (_StaleReport)
         self._stale: _StaleReport | None = None
 
     def setup(self) -> None:
         if self._stale_after_ms is not None:
-            self._stale = _StaleReport(self._stale_after_ms)
+            self._stale = _StaleReport.shared(self._token, self._stale_after_ms)
 
     def process(self, message: PubsubMessage) -> Iterator[Any]:
         attributes = dict(message.attributes or {})

@@ -258,7 +258,8 @@ def replay_of(lines: Iterable[tuple[bytes, Source]], catalog: Catalog,
         _LOG.warning(
             "fanin: --replay: %d lines lag the file's latest event time by more than "
             "--max-disorder-s %g (by up to %.0f s): they arrive behind the watermark (late if "
-            "their join has closed) and split the stream into %d events, each a round of the "
+            "their join has closed, a fresh join if its tombstone is gone: docs/spec.md §4) "
+            "and split the stream into %d events, each a round of the "
             "local runner's bundles over the joins it holds, so this replay is slow (0.1 s or "
             "more per event); --max-disorder-s %.0f covers this file's disorder",
             replay.behind, max_disorder_s, replay.largest_lag_ms / 1000, replay.events,
