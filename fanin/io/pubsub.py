@@ -193,9 +193,10 @@ _SHARED_LOCK = threading.Lock()
 class _StaleReport:
     """Counts messages whose event time is older than ``stale_after_ms`` before the clock and
     reports them as one warning with counts: at the end of the first bundle that had any, then
-    at most once a minute while more arrive. Their joins' tombstones (deadline + retention) are
-    gone by the time they arrive, so each such message starts a join afresh: replayed history
-    sent to a live subscription closes the same joins again and again.
+    at most once a minute while more arrive, and at the run's end for those not reported yet
+    (``report_stale``). Their joins' tombstones (deadline + retention) are gone by the time
+    they arrive, so each such message starts a join afresh: replayed history sent to a live
+    subscription closes the same joins again and again.
 
     One report per reading step and process (``shared``): the local runner runs each bundle
     with a fresh copy of the step's DoFn, on several threads."""
@@ -216,7 +217,19 @@ class _StaleReport:
     def shared(cls, token: str, stale_after_ms: int) -> _StaleReport:
         """The report of the step ``token`` names, in this process."""
         with _SHARED_LOCK:
-            return cls._SHARED.setdefault(token, cls(stale_after_ms))
+            report = cls._SHARED.get(token)
+            if report is None:
+                report = cls._SHARED[token] = cls(stale_after_ms)
+            return report
+
+    @classmethod
+    def report_all(cls) -> None:
+        """Report what every report of this process holds unreported, and forget them."""
+        with _SHARED_LOCK:
+            reports = list(cls._SHARED.values())
+            cls._SHARED.clear()
+        for report in reports:
+            report.report(final=True)
 
     def note(self, event_ms: int) -> None:
         if event_ms >= time.time() * 1000 - self.stale_after_ms:
@@ -228,13 +241,14 @@ class _StaleReport:
                 min(self._oldest_ms, event_ms)
         self._counter.inc()
 
-    def report(self) -> None:
+    def report(self, final: bool = False) -> None:
+        """Log the unreported count: once a minute at most, unless ``final``."""
         with self._lock:
-            self._report()
+            self._report(final)
 
-    def _report(self) -> None:
+    def _report(self, final: bool) -> None:
         now = time.monotonic()
-        if not self._unreported or (self._reported_at is not None
+        if not self._unreported or (not final and self._reported_at is not None
                                     and now - self._reported_at < self._EVERY_S):
             return
         _LOG.warning(
@@ -246,6 +260,12 @@ class _StaleReport:
             self.stale_after_ms / 1000)
         self._unreported = 0
         self._reported_at = now
+
+
+def report_stale() -> None:
+    """Log the messages older than the retention that the Pub/Sub reads of this process counted
+    and have not reported yet (the run's end: ``fanin run`` calls it before its summary)."""
+    _StaleReport.report_all()
 
 
 class _ToRecord(beam.DoFn):

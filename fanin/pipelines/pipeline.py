@@ -616,6 +616,10 @@ def run_pipeline(config: RunConfig, beam_args: Sequence[str],
         raise
     if lock is not None:
         lock.finish()
+    if config.subscription or config.topic:
+        from fanin.io.pubsub import report_stale
+
+        report_stale()  # what the read counted since its last warning
     if config.topics:
         from fanin.io.pubsub_publish import report_unpublished
 

@@ -12,7 +12,7 @@ import pytest
 
 from fanin.cli import main
 from fanin.fleet.simulate import CONTRACTS_PATH
-from fanin.pipelines.collector import RUN_THRESHOLDS
+from fanin.pipelines.collector import RUN_THRESHOLDS, collector_for_run
 
 EXAMPLE = str(Path(CONTRACTS_PATH).with_name("triage.jsonl"))
 
@@ -60,4 +60,16 @@ def test_a_run_that_fails_restores_the_callers_thresholds(
 
     monkeypatch.setattr(join_bounded.CloseGroups, "process", interrupted)
     assert main(_run(tmp_path / "out")) == 130
+    assert gc.get_threshold() == thresholds
+
+
+def test_overlapping_runs_restore_the_thresholds_once_the_last_ends(
+        thresholds: tuple[int, int, int]) -> None:
+    """Runs on two threads: the first to end leaves the second under the run thresholds."""
+    first, second = collector_for_run(), collector_for_run()
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)
+    assert gc.get_threshold() == RUN_THRESHOLDS
+    second.__exit__(None, None, None)
     assert gc.get_threshold() == thresholds

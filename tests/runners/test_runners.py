@@ -115,6 +115,7 @@ def test_every_preset_passes_through_fanin_run() -> None:
     (lambda: dataflow(*GCP, setup_file="pkg/setup.py", sdk_container_image="img:1"),
      "not both"),
     (lambda: dataflow(*GCP, setup_file="requirements.txt"), "setup.py"),
+    (lambda: dataflow(*GCP, setup_file="pkg/pyproject.toml"), "Fanin's setup.py"),
     (lambda: dataflow(*GCP, streaming=False, exactly_once=False), "streaming only"),
     (lambda: dataflow(*GCP, enable_streaming_engine=False), "Streaming Engine"),
     (lambda: dataflow(*GCP, update=True), "job_name"),
