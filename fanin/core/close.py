@@ -87,6 +87,10 @@ def _branch_views(reducer: JoinReducer, defn: Definition
     for path, record in reducer.skips.items():
         if defn.under.get(path):
             views[path] = _receipt_view(record)
+        elif path in reducer.branches:  # reported too (undeclared): one entry per branch
+            reported = next(c for c in conflicts
+                            if c["kind"] == "unknown_branch" and c["branch"] == path)
+            reported["key"] = min(reported["key"], reducer.skip_key(path))
         else:
             conflicts.append({"kind": "unknown_branch", "branch": path,
                               "key": reducer.skip_key(path)})

@@ -13,11 +13,12 @@ Guarantees:
   ``counts.duplicates``.
 - Rules, as docs/spec.md §3 states them: pruning by path prefix (``b`` prunes ``b`` and ``b/...``);
   ``unknown_branch`` for receipts outside the declared branches and for skips that prune
-  nothing; ``pruned_branch_reported``; per branch the highest attempt wins and lower attempts
-  are ``superseded``; identical content again is a ``duplicate``, different content at the top
-  attempt is ``duplicate_changed`` (and the branch has no current receipt); ``key_conflict`` by
-  JSON equality, one entry per branch involved; ``schema_violation`` against the contract's
-  JSON Schema for the key; ``open_conflict`` and ``contract_conflict``.
+  nothing (one per path, skipped or reported or both); ``pruned_branch_reported``; per branch
+  the highest attempt wins and lower attempts are ``superseded``; identical content again is a
+  ``duplicate``, different content at the top attempt is ``duplicate_changed`` (and the branch
+  has no current receipt); ``key_conflict`` by JSON equality, one entry per branch involved;
+  ``schema_violation`` against the contract's JSON Schema for the key; ``open_conflict`` and
+  ``contract_conflict``.
 
 Choices stated in docs/spec.md §3:
 - Receipts are grouped per branch by ``(attempt, content)``; a second receipt in a group is a
@@ -393,7 +394,8 @@ class JoinReducer:
         """Prune what a (first) skip of ``path`` covers, under the current definition."""
         covered = self._defined().under.get(path)
         if not covered:
-            self._n_conflicts += 1  # unknown_branch: the skip prunes nothing
+            if path not in self.branches:  # else one unknown_branch with its receipts'
+                self._n_conflicts += 1  # unknown_branch: the skip prunes nothing
             return
         for name in covered:
             if name not in self._pruned:
@@ -448,6 +450,8 @@ class JoinReducer:
         defn = self._defn
         if defn is not None and defn.required is not None:
             self._shift(name, self._contribution(name, None), self._contribution(name, record))
+            if name in self.skips and not defn.under.get(name):
+                self._n_conflicts -= 1  # its skip's unknown_branch: now one entry with this
 
     def _write_key(self, name: str, written: Written) -> None:
         """Branch ``name``'s first receipt writes ``written`` (its contribution otherwise

@@ -157,6 +157,18 @@ def test_unknown_and_pruned_branch_reports_are_conflicts() -> None:
     assert close["reason"] == "timeout"
 
 
+def test_an_undeclared_path_skipped_and_reported_is_one_conflict() -> None:
+    """docs/spec.md §3: one entry per branch, its key the least of its receipts' and skips'."""
+    close = close_of([
+        open_msg(required=["a"]),
+        receipt("zz", 1, status="skipped"),
+        receipt("zz", 2, key="k", value=1),
+        receipt("a", 3),
+    ])
+    assert close["conflicts"] == [{"kind": "unknown_branch", "branch": "zz", "key": "k"}]
+    assert close["reason"] == "timeout"
+
+
 def test_skip_duplicates_and_skip_outside_attempt_rules() -> None:
     reducer = reduce_all([
         open_msg(contract="routed"),

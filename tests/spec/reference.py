@@ -504,7 +504,12 @@ def reduce(defn: Definition, msgs: list[Msg]) -> State:
         # READING: a branch conflict's key is the least key of the branch's top-attempt receipts
         key = min(m.key for g in candidates for m in g)
         if name not in declared:
-            conflicts.append({"kind": "unknown_branch", "branch": name, "key": key})
+            skipped = next((c for c in conflicts if c["kind"] == "unknown_branch"
+                            and c["branch"] == name), None)
+            if skipped is not None:  # skipped and reported: one entry per branch (§3, §5)
+                skipped["key"] = min(skipped["key"], key)
+            else:
+                conflicts.append({"kind": "unknown_branch", "branch": name, "key": key})
         elif name in pruned:
             conflicts.append({"kind": "pruned_branch_reported", "branch": name, "key": key})
         elif len(candidates) > 1:
