@@ -5,7 +5,8 @@ Fanin's replay of a file (``replay_of``, no disorder) and its parse (``ParseMess
 then the least stateful join there is: per join_id a bag of its records and one event-time
 timer 30 s after its latest message, which counts the bag and clears it. No closing decision,
 no late or dead-letter handling, no output files: the difference to ``fanin run --replay`` is
-the join's own work and its writes.
+the join's own work and its writes. It runs under the garbage-collector thresholds ``fanin
+run`` runs its job under (``collector_for_run``), so that is all the difference.
 
 Usage: ``python bench/floor_join.py --input FILE [--contracts FILE] [Beam options]``
 (default runner: BundleBasedDirectRunner, the local streaming runner of ``fanin run``;
@@ -29,6 +30,7 @@ from apache_beam.utils.timestamp import Duration
 
 from fanin.contracts import records as R
 from fanin.contracts.catalog import Catalog, load_contracts
+from fanin.pipelines.collector import collector_for_run
 from fanin.pipelines.pipeline import replay_of
 from fanin.runners.toolchain import with_local_job_server
 from fanin.transforms.parse import ParseMessages
@@ -77,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         beam_args.append("--runner=BundleBasedDirectRunner")
     options = PipelineOptions([*with_local_job_server(beam_args), "--streaming"])
     catalog = Catalog(load_contracts(args.contracts) if args.contracts else {})
-    with beam.Pipeline(options=options) as p:
+    with collector_for_run(), beam.Pipeline(options=options) as p:
         floor_replay(p, args.input, catalog)
     return 0
 
