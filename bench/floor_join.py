@@ -5,8 +5,8 @@ Fanin's replay of a file (``replay_of``, no disorder) and its parse (``ParseMess
 then the least stateful join there is: per join_id a bag of its records and one event-time
 timer 30 s after its latest message, which counts the bag and clears it. No closing decision,
 no late or dead-letter handling, no output files: the difference to ``fanin run --replay`` is
-the join's own work and its writes. It runs under the garbage-collector thresholds ``fanin
-run`` runs its job under (``collector_for_run``), so that is all the difference.
+the join's own work and its writes. Its job runs under the garbage-collector thresholds
+``fanin run`` runs its job under (``collector_for_run``, around the run only, as there).
 
 Usage: ``python bench/floor_join.py --input FILE [--contracts FILE] [Beam options]``
 (default runner: BundleBasedDirectRunner, the local streaming runner of ``fanin run``;
@@ -79,8 +79,10 @@ def main(argv: list[str] | None = None) -> int:
         beam_args.append("--runner=BundleBasedDirectRunner")
     options = PipelineOptions([*with_local_job_server(beam_args), "--streaming"])
     catalog = Catalog(load_contracts(args.contracts) if args.contracts else {})
-    with collector_for_run(), beam.Pipeline(options=options) as p:
-        floor_replay(p, args.input, catalog)
+    p = beam.Pipeline(options=options)
+    floor_replay(p, args.input, catalog)
+    with collector_for_run():
+        p.run().wait_until_finish()
     return 0
 
 
