@@ -39,7 +39,6 @@ from apache_beam.io.gcp.pubsub import (
     ReadFromPubSub,
     WriteToPubSub,
 )
-from apache_beam.metrics.metric import Metrics
 from apache_beam.pvalue import PBegin, PCollection, PDone
 from apache_beam.transforms.window import TimestampedValue
 from apache_beam.utils.timestamp import Timestamp
@@ -47,6 +46,7 @@ from apache_beam.utils.timestamp import Timestamp
 from fanin.contracts.parsing import read_join_id
 from fanin.contracts.timefmt import MAX_MS, MIN_MS, format_ms, parse_rfc3339
 from fanin.core.outcomes import encode_line
+from fanin.io.counted_report import CountedReport
 from fanin.io.pubsub_drain import Drain, DrainableLocalRead
 from fanin.io.pubsub_publish import PublishLocally
 
@@ -190,28 +190,23 @@ def _publish_time_rfc3339(publish_time: datetime.datetime | None) -> str | None:
 _SHARED_LOCK = threading.Lock()
 
 
-class _StaleReport:
-    """Counts messages whose event time is older than ``stale_after_ms`` before the clock and
-    reports them as one warning with counts: at the end of the first bundle that had any, then
-    at most once a minute while more arrive, and at the run's end for those not reported yet
-    (``report_stale``). Their joins' tombstones (deadline + retention) are gone by the time
-    they arrive, so each such message starts a join afresh: replayed history sent to a live
-    subscription closes the same joins again and again.
+class _StaleReport(CountedReport):
+    """Messages whose event time is older than ``stale_after_ms`` before the clock
+    (``CountedReport``: one warning with counts, at the end of the first bundle that had any,
+    then at most once a minute while more arrive, and at the run's end for those not reported
+    yet, ``report_stale``); the warning gives the oldest event time. Their joins' tombstones
+    (deadline + retention) are gone by the time they arrive, so each such message starts a
+    join afresh: replayed history sent to a live subscription closes the same joins again and
+    again.
 
     One report per reading step and process (``shared``): the local runner runs each bundle
     with a fresh copy of the step's DoFn, on several threads."""
 
-    _EVERY_S = 60.0
     _SHARED: dict[str, _StaleReport] = {}  # by the token of the DoFn whose copies share it
 
     def __init__(self, stale_after_ms: int) -> None:
+        super().__init__("pubsub_older_than_retention")
         self.stale_after_ms = stale_after_ms
-        self.total = 0
-        self._unreported = 0
-        self._oldest_ms: int | None = None
-        self._reported_at: float | None = None
-        self._counter = Metrics.counter("fanin", "pubsub_older_than_retention")
-        self._lock = threading.Lock()
 
     @classmethod
     def shared(cls, token: str, stale_after_ms: int) -> _StaleReport:
@@ -232,34 +227,20 @@ class _StaleReport:
             report.report(final=True)
 
     def note(self, event_ms: int) -> None:
-        if event_ms >= time.time() * 1000 - self.stale_after_ms:
-            return
-        with self._lock:
-            self.total += 1
-            self._unreported += 1
-            self._oldest_ms = event_ms if self._oldest_ms is None else \
-                min(self._oldest_ms, event_ms)
-        self._counter.inc()
+        if event_ms < time.time() * 1000 - self.stale_after_ms:
+            self.count(event_ms)
 
-    def report(self, final: bool = False) -> None:
-        """Log the unreported count: once a minute at most, unless ``final``."""
-        with self._lock:
-            self._report(final)
+    @staticmethod
+    def _fold(earlier: int, detail: int) -> int:
+        return min(earlier, detail)  # the oldest event time
 
-    def _report(self, final: bool) -> None:
-        now = time.monotonic()
-        if not self._unreported or (not final and self._reported_at is not None
-                                    and now - self._reported_at < self._EVERY_S):
-            return
+    def _log(self, total: int, unreported: int, detail: int) -> None:
         _LOG.warning(
             "fanin: %d Pub/Sub message(s) (%d since the last report; oldest event time %s) are "
             "older than the longest deadline + tombstone retention (%g s): their joins start "
             "afresh and may close again. Replaying history? Use fanin run --input for files, "
             "or fanin simulate --start now --rate N/s for live traffic",
-            self.total, self._unreported, format_ms(self._oldest_ms or 0),
-            self.stale_after_ms / 1000)
-        self._unreported = 0
-        self._reported_at = now
+            total, unreported, format_ms(detail), self.stale_after_ms / 1000)
 
 
 def report_stale() -> None:

@@ -33,53 +33,35 @@ from typing import Any
 
 import apache_beam as beam
 from apache_beam.io.gcp.pubsub import PubsubMessage
-from apache_beam.metrics.metric import Metrics
 from apache_beam.pvalue import PCollection, PDone
+
+from fanin.io.counted_report import CountedReport
 
 __all__ = ["PublishLocally", "report_unpublished"]
 
 _LOG = logging.getLogger("fanin")
 
 
-class _NotPublished:
-    """Failed publications of one topic, reported at once, then at most every ``_EVERY_S``
-    (bundles may end on several threads)."""
-
-    _EVERY_S = 60.0
+class _NotPublished(CountedReport):
+    """Failed publications of one topic (``CountedReport``); the warning names the last
+    error."""
 
     def __init__(self, topic: str) -> None:
+        super().__init__("pubsub_not_published")
         self.topic = topic
-        self.total = 0
-        self._unreported = 0
-        self._last = ""
-        self._reported_at: float | None = None
-        self._counter = Metrics.counter("fanin", "pubsub_not_published")
-        self._lock = threading.Lock()
 
     def note(self, error: BaseException) -> None:
         text = str(error).splitlines()[0] if str(error) else ""
-        with self._lock:
-            self.total += 1
-            self._unreported += 1
-            self._last = f"{type(error).__name__}: {text}"
-        self._counter.inc()
+        self.count(f"{type(error).__name__}: {text}")
 
-    def report(self, final: bool = False, reset: bool = False) -> None:
-        """Log the count unless nothing is new or (not ``final``) the last report is less
-        than a minute old; ``reset``: count afresh after it (a run ended)."""
-        now = time.monotonic()
-        with self._lock:
-            total, unreported, last = self.total, self._unreported, self._last
-            if reset:
-                self.total = 0
-            if not unreported or (not final and self._reported_at is not None
-                                  and now - self._reported_at < self._EVERY_S):
-                return
-            self._unreported = 0
-            self._reported_at = now
+    @staticmethod
+    def _fold(earlier: str, detail: str) -> str:
+        return detail  # the last error
+
+    def _log(self, total: int, unreported: int, detail: str) -> None:
         _LOG.warning("fanin: %d output(s) not published to %s (%d since the last report; "
                      "last error %s); the output files hold them", total, self.topic,
-                     unreported, last[:300])
+                     unreported, detail[:300])
 
 
 class _Topic:
