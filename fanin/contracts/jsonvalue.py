@@ -2,7 +2,8 @@
 
 Guarantees:
 - ``loads_strict`` refuses what docs/spec.md §1 says is not JSON: ``NaN``/``Infinity`` literals,
-  numbers that overflow a double (``1e400``), integers longer than Python's digit limit, objects
+  numbers that overflow a double (``1e400``), integers of more than ``MAX_INT_DIGITS`` digits
+  (or of more than this process's own digit limit, when it lowered Python's), objects
   with a
   repeated field name (at any depth), lone UTF-16 surrogate escapes (they cannot be written back
   as UTF-8), and nesting deeper than ``MAX_DEPTH``. Each refusal is a ``JSONRefused`` with a
@@ -26,7 +27,8 @@ from typing import Any
 
 import orjson
 
-__all__ = ["MAX_DEPTH", "JSONRefused", "canonical", "encode_str", "loads", "loads_strict"]
+__all__ = ["MAX_DEPTH", "MAX_INT_DIGITS", "JSONRefused", "canonical", "encode_str", "loads",
+           "loads_strict"]
 
 MAX_DEPTH = 64
 
@@ -57,8 +59,21 @@ def _float(text: str) -> float:
     return value
 
 
+MAX_INT_DIGITS = 4_300
+"""The most digits an integer may have (docs/spec.md §1): Python's default limit, applied
+whatever this process's ``sys.set_int_max_str_digits`` (or ``PYTHONINTMAXSTRDIGITS``) says,
+so an agent that raised or lifted it does not send what ``fanin run`` refuses."""
+
+
+def _int(text: str) -> int:
+    if len(text) - text.startswith("-") > MAX_INT_DIGITS:
+        raise JSONRefused(f"an integer of more than {MAX_INT_DIGITS} digits")
+    return int(text)  # a process that lowered Python's limit refuses more (loads_strict)
+
+
 _DECODER = json.JSONDecoder(
-    object_pairs_hook=_pairs, parse_constant=_refuse_constant, parse_float=_float
+    object_pairs_hook=_pairs, parse_constant=_refuse_constant, parse_float=_float,
+    parse_int=_int,
 )
 
 

@@ -9,10 +9,11 @@ Guarantees:
   ``None``, with a warning, for a fan-out so wide that its open is over the emitter's size
   limit (thousands of ``Send`` packets): it is not reported, and the graph runs on.
 - ``ok`` reports a value made JSON by ``jsonable``; when it still is not JSON (or the message is
-  over the emitter's size limit, or nested beyond what Python encodes, or refers to itself),
-  an ``error`` receipt stating why is reported instead and a warning is logged: the join
-  learns that the branch finished without a usable value, and the user's graph is not broken
-  by what an observer could not encode.
+  over the emitter's size limit, or nested beyond what Python encodes, or refers to itself,
+  or reading it raised, or its state key cannot be sent), an ``error`` receipt stating why
+  (with the key, or without it when the key cannot be sent) is reported instead and a warning is
+  logged: the join learns that the branch finished without a usable value, and the user's
+  graph is not broken by what an observer could not encode. ``keyed`` never raises.
 - ``error`` reports the text ``describe`` makes, ``"ExceptionType: message"`` (the SDK's form).
 - Every receipt carries the attempt it is given (the framework's own retry count), so a retry
   supersedes the failed attempt (docs/spec.md §3).
@@ -28,7 +29,7 @@ import logging
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
-from fanin.sdk import Emitter, JoinContext, MessageRefused
+from fanin.sdk import Emitter, JoinContext, MessageRefused, PublishError
 
 __all__ = ["FanOutReporter", "describe", "describe_exception", "jsonable", "keyed",
            "missing_extra"]
@@ -74,10 +75,13 @@ def keyed(update: Any, is_plain_key: Callable[[str], bool]) -> tuple[str | None,
     writing it with different values are then a ``key_conflict``. Otherwise the key is ``None``
     (the branch's own name, docs/spec.md §1) and the value the whole update.
     """
-    if isinstance(update, Mapping) and len(update) == 1:
-        ((key, value),) = update.items()
-        if isinstance(key, str) and is_plain_key(key):
-            return key, value
+    try:
+        one = isinstance(update, Mapping) and len(update) == 1
+        ((key, value),) = update.items() if one else ((None, None),)
+    except Exception:  # a mapping whose len()/items() raises: ``ok`` reports why
+        one = False
+    if one and isinstance(key, str) and is_plain_key(key):
+        return key, value
     return None, update
 
 
@@ -120,12 +124,18 @@ class FanOutReporter:
         try:
             self.emitter.emit(ctx, branch, "ok", value=jsonable(value), key=key,
                               attempt=attempt)
-        except (TypeError, ValueError, RecursionError) as exc:
+        except PublishError:
+            raise
+        except Exception as exc:  # the value (or the key) could not be sent, whatever raised
             why = "nested too deeply, or refers to itself" if isinstance(exc, RecursionError) \
+                else describe_exception(exc) if not isinstance(exc, (TypeError, ValueError)) \
                 else str(exc)
             _LOG.warning("fanin: branch %r of join %s: %s", branch, ctx.join_id, why)
-            self.emitter.emit(ctx, branch, "error", error=f"unreported value: {why}", key=key,
-                              attempt=attempt)
+            error = f"unreported value: {why}"
+            try:
+                self.emitter.emit(ctx, branch, "error", error=error, key=key, attempt=attempt)
+            except (TypeError, MessageRefused):  # the key was what failed: an error writes none
+                self.emitter.emit(ctx, branch, "error", error=error, attempt=attempt)
 
     def error(self, ctx: JoinContext, branch: str, text: str, *, attempt: int,
               during_failure: bool = False) -> None:

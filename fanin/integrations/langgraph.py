@@ -131,8 +131,9 @@ class FaninCallbackHandler(BaseCallbackHandler):
             if target != END:
                 self._static[source].add(target)
         # node -> run name of a conditional edge's path function -> its BranchSpecs, in the
-        # order LangGraph runs them (anonymous paths share one name: "RunnableCallable")
-        self._branches: dict[str, dict[str, list[Any]]] = defaultdict(dict)
+        # order LangGraph runs them (an anonymous path, a lambda: "RunnableCallable" in a sync
+        # run, None in an async one)
+        self._branches: dict[str, dict[str | None, list[Any]]] = defaultdict(dict)
         for node, specs in builder.branches.items():
             for spec in specs.values():
                 for name in _run_names(spec.path):
@@ -167,7 +168,7 @@ class FaninCallbackHandler(BaseCallbackHandler):
             parent = self._tasks.get(parent_run_id) if parent_run_id else None
             if parent is not None:
                 routes = self._branches.get(parent.node, {})
-                specs = routes.get(name, ()) if name is not None else ()
+                specs = routes.get(name, ())
                 seen = sum(1 for spec, _ in parent.routes if spec in specs)
                 if seen < len(specs):
                     self._routers[run_id] = (parent, specs[seen])
@@ -329,10 +330,11 @@ def _branch(node: str) -> str:
     return node.replace("%", "%25").replace("/", "%2F")
 
 
-def _run_names(path: Any) -> set[str]:
-    """The names LangChain's callbacks may give a conditional edge's path function: its own,
-    and a ``run_name`` bound to it (``with_config(run_name=...)``)."""
-    names = {path.get_name()}
+def _run_names(path: Any) -> set[str | None]:
+    """The names LangChain's callbacks may give a conditional edge's path function: its own
+    (a sync run names an anonymous one, a ``lambda``, by its class; an async run by its
+    ``name``, ``None``), and a ``run_name`` bound to it (``with_config(run_name=...)``)."""
+    names: set[str | None] = {path.get_name(), getattr(path, "name", None)}
     config = getattr(path, "config", None)
     if isinstance(config, Mapping) and isinstance(config.get("run_name"), str):
         names.add(config["run_name"])

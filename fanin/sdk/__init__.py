@@ -21,7 +21,7 @@ See ``fanin.sdk.emitter`` for the guarantees (one receipt per run, attempts acro
 timeouts, what is refused) and ``fanin.sdk.sinks`` for delivery (flush deadlines, bounds, exit).
 """
 
-from fanin.sdk.context import Clock, JoinContext, now_rfc3339
+from fanin.sdk.context import Clock, ClockError, JoinContext, now_rfc3339
 from fanin.sdk.emitter import (
     DEFAULT_MAX_BYTES,
     AttemptSource,
@@ -55,6 +55,7 @@ __all__ = [
     "STATUSES",
     "AttemptSource",
     "Clock",
+    "ClockError",
     "ContextSource",
     "Emitter",
     "EncodedMessage",

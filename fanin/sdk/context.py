@@ -30,9 +30,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from fanin.contracts.jsonvalue import loads_strict
-from fanin.contracts.timefmt import format_ms, parse_rfc3339
+from fanin.contracts.timefmt import MAX_MS, MIN_MS, format_ms, parse_rfc3339
 
-__all__ = ["MAX_JOIN_ID_LENGTH", "Clock", "JoinContext", "now_rfc3339"]
+__all__ = ["MAX_JOIN_ID_LENGTH", "Clock", "ClockError", "JoinContext", "now_rfc3339"]
 
 MAX_JOIN_ID_LENGTH = 256
 
@@ -40,9 +40,25 @@ Clock = Callable[[], float]
 """A wall clock returning seconds since the Unix epoch, like ``time.time``."""
 
 
+class ClockError(ValueError):
+    """The clock returned something that is not seconds since the Unix epoch within years
+    0001-9999 (NaN, ``time.time_ns``'s nanoseconds, milliseconds far in the future...)."""
+
+
 def now_rfc3339(clock: Clock = time.time) -> str:
-    """The clock's current time as RFC 3339 UTC with milliseconds (truncated)."""
-    return format_ms(int(clock() * 1000))
+    """The clock's current time as RFC 3339 UTC with milliseconds (truncated); ``ClockError``
+    when the clock's answer is not seconds since the epoch within years 0001-9999, rather
+    than a time clamped to the end of year 9999."""
+    seconds = clock()
+    try:
+        ms = int(seconds * 1000)
+    except (TypeError, ValueError, OverflowError):
+        ms = None
+    if isinstance(seconds, bool) or ms is None or not MIN_MS <= ms <= MAX_MS:
+        raise ClockError(f"the clock returned {seconds!r}, which is not seconds since "
+                         "1970-01-01 within years 0001-9999 (like time.time; not "
+                         "time.time_ns or milliseconds)")
+    return format_ms(ms)
 
 
 _FIELDS = ("join_id", "opened_at", "contract", "run_id")

@@ -34,9 +34,10 @@ Guarantees:
   ``attempt=2**63-1`` run a second time). The attempt checked is the one the counter gives at
   the start (a run of the same branch finishing meanwhile may still raise it).
 - A body's exception is never replaced by a failure to build its receipt: should its
-  ``error``/``timeout`` receipt still be refused (only a concurrent run of the same branch
-  pushing the attempt past 2**63-1 can do that), nothing is sent and the body's exception
-  propagates, the refusal added as a note (``__notes__``). ``BaseException``\\s that are not
+  ``error``/``timeout`` receipt still be refused (a concurrent run of the same branch
+  pushing the attempt past 2**63-1, or a clock answering something that is not a time:
+  ``ClockError``), nothing is sent and the body's exception propagates, the refusal added as
+  a note (``__notes__``). ``BaseException``\\s that are not
   ``Exception`` (cancellation, ``KeyboardInterrupt``) emit nothing: the branch did not finish.
   A sink failure while reporting (``PublishError``, a closed sink) propagates (the body's
   exception is its context).
@@ -50,8 +51,13 @@ Guarantees:
   ``self.request.retries + 1``, Cloud Tasks ``X-CloudTasks-TaskRetryCount`` + 1, Pub/Sub
   ``message.delivery_attempt`` (with a dead-letter policy), SQS ``ApproximateReceiveCount``.
   An explicit ``attempt`` is used as given; the counter then continues after it. Counters are
-  kept for the ``max_tracked`` most recently used branches. Skips always carry attempt 1 and
-  do not count.
+  kept for the ``max_tracked`` most recently used branches: a branch run again after more
+  than that many other branches ran in this emitter starts from the context's attempt (1)
+  again, and its new receipt then conflicts with the old one (``duplicate_changed``) unless
+  the retry passes ``attempt=``. Skips always carry attempt 1 and do not count.
+- The wall ``clock`` must answer seconds since the Unix epoch (years 0001-9999): any other
+  answer (NaN, ``time.time_ns``'s nanoseconds) raises ``ClockError`` (a ``ValueError``) where
+  the time is needed, rather than sending a time clamped to year 9999.
 - Emission is synchronous and thread-safe; sink failures propagate (see ``fanin.sdk.sinks``).
   ``with Emitter(sink) as emitter:`` (or ``async with``) closes the sink on exit, so every
   message is flushed and publish failures raise there; a sink that still holds unflushed
@@ -72,7 +78,7 @@ from types import TracebackType
 from typing import Any, TypeVar, cast
 
 from fanin.contracts.parsing import DEFAULT_MAX_BYTES
-from fanin.sdk.context import Clock, JoinContext, now_rfc3339
+from fanin.sdk.context import Clock, ClockError, JoinContext, now_rfc3339
 from fanin.sdk.messages import (
     MessageRefused,
     Status,
@@ -359,7 +365,7 @@ class Receipt:
             (which the caller sees, unchanged otherwise)."""
             try:
                 report(status, error=error)
-            except (TypeError, MessageRefused) as refused:
+            except (TypeError, MessageRefused, ClockError) as refused:
                 _add_note(failure, f"fanin.sdk: no receipt was sent for branch "
                                    f"{self.branch!r} of join {self.ctx.join_id!r}: {refused}")
 
@@ -372,6 +378,6 @@ class Receipt:
         else:
             try:
                 report("ok", value=self.value)
-            except (TypeError, MessageRefused) as failure:
+            except (TypeError, MessageRefused, ClockError) as failure:
                 report_failure(failure, "error", str(failure))
                 raise

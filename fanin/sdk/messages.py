@@ -9,7 +9,8 @@ Guarantees:
   once, and the list emitted is exactly what was validated.
 - ``encode_message`` returns one compact, newline-free JSON line (UTF-8 text, non-ASCII kept).
   A value that is not JSON (an arbitrary object, ``NaN``/``Infinity``, a string with a lone
-  surrogate, a non-string dict key other than int/float/bool/None) raises ``TypeError`` naming
+  surrogate, a non-string dict key other than int/float/bool/None, or a value whose own
+  ``items()``/``__iter__`` raises any exception while it is read) raises ``TypeError`` naming
   the join, the branch and the problem; a value nested too deeply to encode raises
   ``MessageRefused`` (the parser refuses nesting deeper than ``MAX_DEPTH`` anyway); nothing is
   emitted then.
@@ -138,11 +139,13 @@ def encode_message(msg: dict[str, Any]) -> str:
     try:
         line = _ENCODER.encode(msg)
         line.encode("utf-8")
-    except (TypeError, ValueError) as exc:
-        raise TypeError(f"message of {_where(msg)} is not JSON-serialisable: {exc}") from exc
     except RecursionError:
         raise MessageRefused(_where(msg), "invalid_json",
                              f"nesting deeper than {MAX_DEPTH}") from None
+    except Exception as exc:  # not JSON; or a value's own method raised while it was read
+        why = str(exc) if isinstance(exc, (TypeError, ValueError)) else \
+            f"reading it raised {type(exc).__name__}: {exc}"
+        raise TypeError(f"message of {_where(msg)} is not JSON-serialisable: {why}") from exc
     return line
 
 

@@ -31,8 +31,10 @@ Guarantees:
 - At interpreter exit, every ``JsonlFileSink``/``PubSubSink`` still holding unflushed messages
   is closed (so flushed), after an ``UnflushedMessagesWarning`` naming the sink and the count;
   a failure of that flush is a second warning; also at the end of a ``multiprocessing`` child
-  (a pool worker, a forked ``Process``) for the sinks it created. Close your sinks (or use
-  ``with``).
+  (a pool worker, a forked ``Process``). A forked child never writes its parent's messages
+  again (``JsonlFileSink`` buffers nothing in the process); it may write through a
+  ``JsonlFileSink`` it inherited, but not through an inherited ``PubSubSink`` (make one in each
+  process: the Pub/Sub client does not survive ``fork``). Close your sinks (or use ``with``).
 """
 
 from __future__ import annotations
@@ -173,6 +175,20 @@ def _close_at_exit() -> None:
 _EXIT_HOOKED_IN: int | None = None  # the process whose multiprocessing exit runs the hook
 
 
+def _after_fork_in_child() -> None:
+    """A forked child keeps the parent's file sinks usable (``JsonlFileSink._forked``) and
+    stops tracking its ``PubSubSink``\\s: their client's threads and gRPC channel did not
+    cross the fork, so the child can neither use nor flush them (the parent does)."""
+    for sink in list(_OPEN_SINKS):
+        if isinstance(sink, JsonlFileSink):
+            sink._forked()
+        else:
+            _OPEN_SINKS.discard(sink)
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def _watch_at_exit(sink: Sink) -> None:
     """Track ``sink`` for ``_close_at_exit``, which is (re-)registered last, so it runs before
     the exit handlers of libraries imported since (e.g. the Pub/Sub client's). A
@@ -191,12 +207,19 @@ def _watch_at_exit(sink: Sink) -> None:
 
 
 class JsonlFileSink(Sink):
-    """Appends one line per message to ``path`` (created if absent)."""
+    """Appends one line per message to ``path`` (created if absent).
+
+    Each line is handed to the operating system by one ``write`` of the file opened for
+    appending as it is published (no buffer in the process): so a line is never half written
+    next to another process's, a ``fork`` copies no pending lines (a forked child exiting
+    cannot write its parent's lines again), and nothing is lost when a ``multiprocessing``
+    child ends with ``os._exit``. ``flush`` and ``close`` ``fsync`` the file (durable)."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self._lock = threading.Lock()
-        self._file = self.path.open("a", encoding="utf-8", newline="\n")
+        self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT
+                                       | os.O_CLOEXEC, 0o666)
         self._unflushed = 0
         _watch_at_exit(self)
 
@@ -204,30 +227,40 @@ class JsonlFileSink(Sink):
         return f"JsonlFileSink({str(self.path)!r})"
 
     def publish(self, message: EncodedMessage) -> None:
+        data = (message.line + "\n").encode("utf-8")
         with self._lock:
-            if self._file.closed:
+            if self._fd is None:
                 raise ValueError(f"{self.path}: sink is closed")
-            self._file.write(message.line + "\n")
+            view = memoryview(data)
+            while view:  # a regular file takes it whole; a short write goes on from there
+                view = view[os.write(self._fd, view):]
             self._unflushed += 1
 
     def unflushed(self) -> int:
-        """Lines written since the last ``flush``/``close``."""
+        """Lines written since the last ``flush``/``close`` (not yet ``fsync``ed)."""
         return self._unflushed
 
     def flush(self) -> None:
         with self._lock:
-            if not self._file.closed:
-                self._file.flush()
-                os.fsync(self._file.fileno())
+            if self._fd is not None:
+                os.fsync(self._fd)
                 self._unflushed = 0
 
     def close(self) -> None:
         with self._lock:
-            if not self._file.closed:
-                self._file.flush()
-                os.fsync(self._file.fileno())
-                self._file.close()
+            if self._fd is not None:
+                fd, self._fd = self._fd, None
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
                 self._unflushed = 0
+
+    def _forked(self) -> None:
+        """In a forked child: a fresh lock (another thread may have held the parent's), and
+        no lines to ``fsync`` (the parent's are its own to make durable)."""
+        self._lock = threading.Lock()
+        self._unflushed = 0
 
 
 class _Held:

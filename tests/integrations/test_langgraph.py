@@ -231,6 +231,40 @@ def self_referring_value_graph() -> Any:
     return graph.compile()
 
 
+def lambda_route_graph() -> Any:
+    """``plan`` reaches ``a`` by an edge and ``b`` or ``c`` by a conditional edge whose path
+    is a ``lambda``: an async run names it ``None`` in its callbacks (its fan-out was lost)."""
+    graph = StateGraph(Bare)
+    graph.add_node("plan", lambda s: {})
+    for node in "abc":
+        graph.add_node(node, lambda s, node=node: {node: node})
+    graph.add_edge(START, "plan")
+    graph.add_edge("plan", "a")
+    graph.add_conditional_edges("plan", lambda s: "left", {"left": "b", "right": "c"})
+    return graph.compile()
+
+
+class _ItemsRaise(dict):  # type: ignore[type-arg]
+    """A mapping whose reading raises (a lazy proxy): LangGraph stores it as it is."""
+
+    def items(self) -> Any:
+        raise RuntimeError("lazy mapping failed")
+
+
+def unreadable_values_graph() -> Any:
+    """Branch ``b`` writes a value whose ``items()`` raises; branch ``c`` writes a state key
+    holding a lone surrogate: LangGraph takes both; the handler failed the graph."""
+    graph = StateGraph(TypedDict("Odd", {"a": str, "b": Any, "\ud800": int}, total=False))
+    graph.add_node("plan", lambda s: {})
+    graph.add_node("a", lambda s: {"a": "a"})
+    graph.add_node("b", lambda s: {"b": _ItemsRaise(k=1)})
+    graph.add_node("c", lambda s: {"\ud800": 1})
+    graph.add_edge(START, "plan")
+    for node in "abc":
+        graph.add_edge("plan", node)
+    return graph.compile()
+
+
 async def _never(state: Any) -> Any:
     await asyncio.Event().wait()  # runs until LangGraph cancels it (a sibling failed)
 
@@ -266,6 +300,8 @@ VARIANTS: dict[str, tuple[Callable[[], Any], Callable[[Any], Any]]] = {
     "path_names": (path_names_graph, lambda graph: graph.invoke({})),
     "edge_and_sends": (edge_and_sends_graph, lambda graph: graph.invoke({})),
     "self_referring": (self_referring_value_graph, lambda graph: graph.invoke({})),
+    "lambda_route_async": (lambda_route_graph, lambda graph: asyncio.run(graph.ainvoke({}))),
+    "unreadable_values": (unreadable_values_graph, lambda graph: graph.invoke({})),
 }
 
 
@@ -448,6 +484,22 @@ def test_a_value_that_refers_to_itself_is_an_error_receipt_not_a_failed_graph(
     assert state["a"] == "a" and state["x"]["self"] is state["x"]
     assert (close["failed"], close["branches"]["b"]["error"]) == (
         ["b"], "unreported value: nested too deeply, or refers to itself")
+
+
+def test_an_async_run_reports_the_routes_of_a_lambda_path(runs: Runs) -> None:
+    state, close = runs["lambda_route_async"]
+    assert (state["a"], state["b"], "c" in state) == ("a", "b", False)
+    assert (close["reason"], close["required"], close["pruned"]) == (
+        "complete", ["a", "b", "c"], ["c"])
+
+
+def test_values_and_keys_that_cannot_be_read_are_error_receipts_not_a_failed_graph(
+        runs: Runs) -> None:
+    state, close = runs["unreadable_values"]
+    assert state["a"] == "a" and state["\ud800"] == 1 and isinstance(state["b"], _ItemsRaise)
+    assert close["failed"] == ["b", "c"]
+    assert close["branches"]["b"]["error"] == "unreported value: RuntimeError: lazy mapping failed"
+    assert "surrogates not allowed" in close["branches"]["c"]["error"]
 
 
 class _RefusesErrors(MemorySink):

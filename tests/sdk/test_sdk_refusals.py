@@ -18,6 +18,7 @@ from support.fanin_runs import jsonl_lines, run_fanin
 from fanin.contracts.parsing import parse_message
 from fanin.sdk import (
     ERROR_TEXT_LIMIT,
+    ClockError,
     Emitter,
     JoinContext,
     MemorySink,
@@ -436,3 +437,95 @@ def test_an_emitter_allowing_more_than_its_sink_can_send_is_refused() -> None:
     with pytest.raises(ValueError, match="over what PubSubSink"):
         Emitter(sink, max_bytes=16_000_000)
     assert Emitter(sink, max_bytes=sink.max_message_bytes).max_bytes == 9_900_000
+
+
+# -- values and clocks that fail while the receipt is made (review, round 16) ----------------
+
+class _ItemsRaise(dict):  # type: ignore[type-arg]
+    """A mapping whose reading raises something other than TypeError (a lazy proxy)."""
+
+    def items(self) -> Any:
+        raise RuntimeError("lazy mapping failed")
+
+
+def test_a_value_whose_reading_raises_gives_an_error_receipt(
+        emitter: Emitter, sink: MemorySink, ctx: JoinContext) -> None:
+    with pytest.raises(TypeError, match="reading it raised RuntimeError: lazy mapping failed"), \
+            emitter.receipt(ctx, "b") as r:
+        r.value = _ItemsRaise(k=1)
+    (receipt,) = [parsed(line) for line in sink.lines]
+    assert (receipt["status"], receipt["attempt"]) == ("error", 1)
+    assert "reading it raised RuntimeError" in receipt["error"]
+
+
+@pytest.mark.parametrize("limit", [0, 100_000])
+def test_the_integer_limit_holds_whatever_the_process_s_digit_limit(
+        emitter: Emitter, sink: MemorySink, ctx: JoinContext, limit: int) -> None:
+    """An agent that lifted Python's limit sent 5,000-digit integers ``fanin run`` refuses."""
+    before = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(limit)
+    try:
+        emitter.emit(ctx, "a", "ok", value=10**4299)  # 4,300 digits
+        with pytest.raises(MessageRefused, match="more than 4300 digits"):
+            emitter.emit(ctx, "b", "ok", value=10**4300)
+    finally:
+        sys.set_int_max_str_digits(before)
+    assert [len(str(parsed(line)["value"])) for line in sink.lines] == [4300]
+
+
+@pytest.mark.parametrize("answer", [float("nan"), 1.7e18, -1e12, "now"],
+                         ids=["nan", "time_ns", "before-year-1", "not-a-number"])
+def test_a_clock_that_does_not_answer_seconds_is_refused_not_clamped(
+        sink: MemorySink, answer: Any) -> None:
+    emitter = Emitter(sink, clock=lambda: answer)
+    with pytest.raises(ClockError, match="not seconds since 1970-01-01"):
+        JoinContext.new(clock=emitter.clock)
+    ctx = JoinContext.new(run_id="r")
+    failure = KeyError("the body's own")
+    with pytest.raises(KeyError) as raised, emitter.receipt(ctx, "b"):
+        raise failure
+    assert raised.value is failure
+    assert any("no receipt was sent for branch 'b'" in note and "the clock returned" in note
+               for note in failure.__notes__)
+    with pytest.raises(ClockError), emitter.receipt(ctx, "c") as r:
+        r.value = 1
+    assert sink.lines == []
+
+
+FORKED_POOL = textwrap.dedent("""
+    import multiprocessing, os, sys
+    from fanin.sdk import Emitter, JoinContext, JsonlFileSink
+
+    folder = sys.argv[1]
+    parent = Emitter(JsonlFileSink(os.path.join(folder, "parent.jsonl")))  # never flushed
+    ctx = JoinContext.new(run_id="pool")
+    parent.open(ctx, required=["a", "b"])
+    parent.emit(ctx, "a", "ok", value=1)
+
+    def work(n):  # its own file, as docs/sdk.md asks; forgets close: ends with os._exit
+        child = Emitter(JsonlFileSink(os.path.join(folder, f"child-{os.getpid()}.jsonl")))
+        child.emit(ctx.with_attempt(1), f"w{n}", "ok", value=n)
+        parent.emit(ctx, f"inherited-{n}", "ok", value=n)  # the parent's sink, inherited
+        return n
+
+    if __name__ == "__main__":
+        with multiprocessing.get_context("fork").Pool(3) as pool:
+            print(sorted(pool.map(work, range(6))))
+        parent.close()
+""")
+
+
+def test_forked_workers_never_write_their_parent_s_messages_again(tmp_path: Path) -> None:
+    """Each forked worker that made a sink flushed the parent's inherited, still buffered
+    lines at its end: the parent's messages were in its file once per worker."""
+    script = tmp_path / "pool.py"
+    script.write_text(FORKED_POOL)
+    done = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True,
+                          text=True, timeout=120, cwd=tmp_path, env=same_code_env())
+    assert (done.returncode, done.stdout) == (0, "[0, 1, 2, 3, 4, 5]\n"), done.stderr
+    parent = [json.loads(line) for line in jsonl_lines(tmp_path / "parent.jsonl")]
+    assert sorted(m.get("branch", "open") for m in parent) == \
+        ["a", *(f"inherited-{n}" for n in range(6)), "open"]
+    children = [json.loads(line) for name in tmp_path.glob("child-*.jsonl")
+                for line in jsonl_lines(name)]
+    assert sorted(m["branch"] for m in children) == [f"w{n}" for n in range(6)]
