@@ -20,7 +20,6 @@ from __future__ import annotations
 import math
 import os
 import re
-import sys
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -28,6 +27,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from fanin.contracts.jsonvalue import MAX_INT_DIGITS
 from fanin.contracts.schemas import check_schema, validator_for
 from fanin.contracts.timefmt import duration_ms
 
@@ -233,11 +233,15 @@ _JSONLoader.add_implicit_resolver(
 def _construct_int(loader: _JSONLoader, node: yaml.ScalarNode) -> int:
     """YAML 1.2's integers: decimal (a leading zero is not octal), ``0o`` octal, ``0x`` hex."""
     text = loader.construct_scalar(node)
+    too_long = ValueError(f"Exceeds the limit ({MAX_INT_DIGITS} digits) for integer string "
+                          "conversion")  # named on load; whatever this process's own limit
     if not text.startswith(("0o", "0x")):
-        return int(text, 10)  # Python's limit of 4,300 digits applies (named on load)
+        if len(text.lstrip("+-")) > MAX_INT_DIGITS:
+            raise too_long
+        return int(text, 10)
     value = int(text[2:], 8 if text[1] == "o" else 16)
-    if value.bit_length() > sys.get_int_max_str_digits() * 10 // 3:  # as many digits, about
-        raise ValueError("Exceeds the limit (4300 digits) for integer string conversion")
+    if value.bit_length() > MAX_INT_DIGITS * 10 // 3:  # as many digits, about
+        raise too_long
     return value
 
 
