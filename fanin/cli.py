@@ -317,14 +317,27 @@ def _parser(command: str | None) -> _Parser:
 
 
 def _reported_by_fanin(record: logging.LogRecord) -> bool:
-    """A log filter: drop Beam's log (with its traceback) of an input that cannot be read,
-    which ``fanin run`` reports itself in one line (``fanin.io.inputs.UnreadableInput``)."""
-    error = record.exc_info[1] if record.exc_info else None
-    if error is None or not record.name.startswith("apache_beam"):
+    """A log filter: drop Beam's logs (tracebacks, each retry of the bundle, "Giving up") of
+    what ``fanin run`` reports itself in one line: an input that cannot be read
+    (``fanin.io.inputs.UnreadableInput``), a file a step cannot read or write (an
+    ``OSError``: a full disk, a folder made read-only; ``runner_failure``). The local runners
+    log the exception in the record, as an argument, or while handling it."""
+    if not record.name.startswith("apache_beam") or record.levelno < logging.WARNING:
         return True
+    error: BaseException | None = record.exc_info[1] if record.exc_info else None
+    if error is None and isinstance(record.args, tuple):
+        error = next((a for a in record.args if isinstance(a, BaseException)), None)
+    if error is None:
+        error = sys.exc_info()[1]
     from fanin.io.inputs import UnreadableInput
 
-    return not isinstance(error, UnreadableInput)
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, (UnreadableInput, OSError)):
+            return False
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return True
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -5,7 +5,12 @@ Guarantees (local folders; a ``gs://`` folder has neither, docs/reliability.md):
   it (``flock``) until ``finish`` or ``release``, or until the process ends, however it ends.
   A second run on the same folder, from this process or another, is refused at once
   (``FolderBusy``, naming the holder's process) before it checks, deletes or writes anything.
-- ``finish()`` (the run wrote all of its outputs) deletes the mark, then lets the lock go.
+- ``finish()`` (the run wrote all of its outputs) deletes the mark, then lets the lock go;
+  except for a run that continued (``continues``: a subscription's next run) a folder an
+  unfinished run had left, without emptying it: that run's missing outputs stay missing (its
+  Pub/Sub messages were acknowledged when pulled, docs/reliability.md), so the mark stays,
+  saying so (``earlier_unfinished``), until ``--overwrite`` empties the folder or the user
+  deletes it.
   ``release()`` (the run failed after writing) lets the lock go and leaves the mark: the
   folder's outputs are partial, and a run killed outright leaves it too. ``abandon()`` (the
   run was refused, or failed before it wrote anything) leaves the mark only if it was there.
@@ -79,8 +84,8 @@ def _holder(path: str) -> str:
 class OutputLock:
     """The lock of one run on one local output folder (see the module docstring)."""
 
-    def __init__(self, path: str, fd: int, found: bool) -> None:
-        self._path, self._fd, self._found = path, fd, found
+    def __init__(self, path: str, fd: int, found: bool, continues: bool = False) -> None:
+        self._path, self._fd, self._found, self._continues = path, fd, found, continues
         self.changed = False
         """Whether the run changed the folder before it wrote (``--overwrite`` emptied it)."""
 
@@ -114,16 +119,23 @@ class OutputLock:
                     os.ftruncate(fd, 0)
                     os.write(fd, json.dumps({"pid": os.getpid(), "started": time.time(),
                                              "continues": continues}).encode() + b"\n")
-                    return cls(path, fd, found)
+                    return cls(path, fd, found, continues)
             except BaseException:
                 os.close(fd)
                 raise
             os.close(fd)
 
     def finish(self) -> None:
-        """All outputs written: delete the mark, let the lock go."""
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self._path)
+        """All outputs written: delete the mark (keep it, saying why, when this run continued
+        an unfinished run's folder), let the lock go."""
+        if self._found and self._continues and not self.changed and self._fd >= 0:
+            os.ftruncate(self._fd, 0)
+            os.pwrite(self._fd, json.dumps({"pid": os.getpid(), "finished": time.time(),
+                                            "continues": True,
+                                            "earlier_unfinished": True}).encode() + b"\n", 0)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._path)
         self.release()
 
     def abandon(self) -> None:
@@ -163,9 +175,20 @@ def state_warning(output: str) -> str | None:
         return (f"{output}: a fanin run is still writing this folder; these are the outputs "
                 "written so far")
     if state == UNFINISHED:
-        again = ("run the subscription again: its next run's files join these" if
-                 _mark(os.path.join(output, MARK)).get("continues") is True else
-                 "run it again with --overwrite")
+        mark = _mark(os.path.join(output, MARK))
+        if mark.get("earlier_unfinished") is True:
+            return (f"{output}: an earlier fanin run on this folder stopped before its end "
+                    "(interrupted, killed or failed): the Pub/Sub messages it had received "
+                    "and not written are missing from these outputs (the local runner "
+                    "acknowledges a message when it pulls it); later runs' files joined "
+                    f"these (delete {os.path.join(output, MARK)} to stop this warning)")
+        if mark.get("continues") is True:
+            return (f"{output}: the fanin run that wrote this folder stopped before its end "
+                    "(interrupted, killed or failed); its outputs are partial: the Pub/Sub "
+                    "messages it had received and not written are missing (the local "
+                    "runner acknowledges a message when it pulls it); the next run of the "
+                    "subscription receives the rest, and its files join these")
         return (f"{output}: the fanin run that wrote this folder stopped before its end "
-                f"(interrupted, killed or failed); its outputs are partial: {again}")
+                "(interrupted, killed or failed); its outputs are partial: run it again with "
+                "--overwrite")
     return None

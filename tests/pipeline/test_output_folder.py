@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import subprocess
 import sys
@@ -141,8 +142,35 @@ def test_the_mark_of_a_subscriptions_unfinished_run_says_to_run_it_again(tmp_pat
     OutputLock.acquire(str(tmp_path), continues=True).release()
     assert state_warning(str(tmp_path)) == (
         f"{tmp_path}: the fanin run that wrote this folder stopped before its end (interrupted, "
-        "killed or failed); its outputs are partial: run the subscription again: its next "
-        "run's files join these")
+        "killed or failed); its outputs are partial: the Pub/Sub messages it had received and "
+        "not written are missing (the local runner acknowledges a message when it pulls it); "
+        "the next run of the subscription receives the rest, and its files join these")
+
+
+def test_a_subscriptions_next_run_keeps_the_mark_of_the_messages_lost_before_it(
+        tmp_path: Path) -> None:
+    """The next run finishing deleted the mark: ``fanin query`` no longer warned that the
+    failed run's acknowledged messages were missing. ``--overwrite`` (emptied) clears it."""
+    from fanin.io.output_lock import OutputLock, folder_state, state_warning
+
+    folder = str(tmp_path)
+    OutputLock.acquire(folder, continues=True).release()  # failed or killed
+    OutputLock.acquire(folder, continues=True).finish()  # the next run finished
+    expected = (f"{folder}: an earlier fanin run on this folder stopped before its end "
+                "(interrupted, killed or failed): the Pub/Sub messages it had received and not "
+                "written are missing from these outputs (the local runner acknowledges a "
+                "message when it pulls it); later runs' files joined these (delete "
+                f"{tmp_path / '.fanin-run'} to stop this warning)")
+    assert state_warning(folder) == expected
+    OutputLock.acquire(folder, continues=True).finish()  # and the one after it
+    assert state_warning(folder) == expected
+    emptied = OutputLock.acquire(folder, continues=True)
+    emptied.mark_changed()  # --overwrite emptied the folder
+    emptied.finish()
+    assert folder_state(folder) is None
+    OutputLock.acquire(folder, continues=False).release()  # a bounded run that failed...
+    OutputLock.acquire(folder, continues=False).finish()  # ...run again, finished
+    assert folder_state(folder) is None
 
 
 def test_a_named_pipe_where_the_mark_goes_blocks_no_reader(
@@ -158,12 +186,15 @@ def test_a_named_pipe_where_the_mark_goes_blocks_no_reader(
         f"fanin: error: --output {out}: .fanin-run there is not a file; remove it"
 
 
-@pytest.mark.parametrize("where", ["finalize", "spill"])
+@pytest.mark.parametrize(("where", "mode"), [("finalize", ()), ("spill", ()),
+                                             ("spill", ("--replay",))])
 def test_a_write_the_disk_refuses_is_one_line_and_exit_1(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str,
-        capsys: pytest.CaptureFixture[str]) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str, mode: tuple[str, ...],
+        capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> None:
     """The full disk where the finalize moves a shard's file into place (Beam re-raises it as
-    a RuntimeError), and inside ``atomic_write`` when a bundle spills (an OSError again)."""
+    a RuntimeError), and inside ``atomic_write`` when a bundle spills (an OSError again); on
+    the local streaming runner too, where Beam logged each of its four tries of the bundle
+    with a traceback (some 700 lines before the one line)."""
     from fanin.io import files
     from fanin.transforms import write
 
@@ -172,10 +203,12 @@ def test_a_write_the_disk_refuses_is_one_line_and_exit_1(
 
     monkeypatch.setattr(write if where == "finalize" else files, "atomic_move", full)
     out = tmp_path / "out"
-    assert main(_run(out)) == 1
+    assert main(_run(out, *mode)) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("fanin: error: the job failed reading or writing files: ")
     assert "No space left on device" in err[-1]
+    assert [r.getMessage()[:80] for r in caplog.records
+            if r.name.startswith("apache_beam") and r.levelno >= logging.WARNING] == []
     assert main(["report", str(out)]) == 0
     warned = "stopped before its end" in capsys.readouterr().err
     assert warned is (where == "finalize")  # the spill failed before any file was written
