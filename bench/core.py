@@ -1,4 +1,4 @@
-"""Benchmark: the reducer core vs the naive reducer, and the parse path (issue 2 / 6.1).
+"""Benchmark: the reducer core vs the naive reducer, and the parse path.
 
 Usage: ``python bench/core.py [--receipts 100000] [--repeats 5]``
 

@@ -1,4 +1,4 @@
-"""The fan-in join a user would write by hand in Beam, as a whole program (issue 17's peer).
+"""The fan-in join a user would write by hand in Beam, as a whole program (the performance peer).
 
 ``ReadFromText -> FlatMap(json.loads; keep dicts with a string join_id, drop the rest) ->
 GroupByKey -> Map(fold) -> json.dumps -> WriteToText``, on the default local runner.

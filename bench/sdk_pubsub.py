@@ -1,4 +1,4 @@
-"""Benchmark: the emitter SDK's throughput into Google's Pub/Sub emulator (issue 20).
+"""Benchmark: the emitter SDK's throughput into Google's Pub/Sub emulator.
 
 Usage: ``python bench/sdk_pubsub.py [--messages 20000] [--repeats 3] [--code DIR]``
 

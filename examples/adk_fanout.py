@@ -1,6 +1,7 @@
 """A Google ADK workflow whose fan-out is reported to Fanin with one call:
 ``fanin.integrations.adk.attach(app, emitter)``. The nodes are custom ``BaseAgent``s without a
-model (deterministic, no network) and know nothing of Fanin. Needs ``pip install 'fanin[adk]'``.
+model (deterministic, no network) and know nothing of Fanin. Needs the adk extra:
+``pip install -e '.[adk]'`` in the checkout.
 
 ``plan`` fans out to ``retrieve``, ``rank`` and ``summarize`` (a tuple of successors) and, by
 its route, to one of ``review_legal`` / ``review_tech`` (a routing map); ``summarize`` fails

@@ -1,6 +1,6 @@
 """A LangGraph triage graph whose fan-out is reported to Fanin with one call:
 ``fanin.integrations.langgraph.attach(graph, emitter)``. The nodes are plain functions and know
-nothing of Fanin. Needs ``pip install 'fanin[langgraph]'``.
+nothing of Fanin. Needs the langgraph extra: ``pip install -e '.[langgraph]'`` in the checkout.
 
 ``plan`` fans out to ``retrieve``, ``rank`` and ``summarize`` (static edges) and to one of
 ``review_legal`` / ``review_tech`` (a conditional edge); ``summarize`` fails once and LangGraph's

@@ -99,7 +99,9 @@ def _add_run(subparsers: argparse._SubParsersAction[_Parser]) -> None:
                         help="largest message accepted, in bytes")
     limits.add_argument("--max-messages-per-join", type=int, default=100_000,
                         help="most messages a join holds; a further one is late if the join "
-                        "has closed, else a join_too_large dead letter (docs/spec.md §4)")
+                        "has closed, starts the next join if the join was undefined and "
+                        "decided before it, else is a join_too_large dead letter "
+                        "(docs/spec.md §4)")
     limits.add_argument("--max-bytes-per-join", type=int, default=16 * 1024 * 1024,
                         help="most bytes of messages a join holds (default 16 MiB, under "
                         "Dataflow's element and commit limits); further ones as with "

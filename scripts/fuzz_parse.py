@@ -17,7 +17,8 @@ Always bound a run::
 
 libFuzzer writes new interesting inputs into the first folder (keep the committed corpus
 second so it is only read). Interesting finds are copied by hand into
-``tests/data/fuzz_corpus/<expected>--<label>.bin``, which ``tests/test_fuzz_parse.py`` replays.
+``tests/data/fuzz_corpus/<expected>--<label>.bin``, which
+``tests/contracts/test_fuzz_parse.py`` replays.
 """
 
 from __future__ import annotations

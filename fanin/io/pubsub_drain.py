@@ -25,7 +25,7 @@ Guarantees of ``DrainableLocalRead``:
 - A hard kill (SIGKILL, power loss) still loses the open joins' messages: that is the local
   runner's limit; Dataflow keeps state durably and acknowledges only after it is committed.
 
-Relies on two internals of Beam's direct runner (checked in ``tests/test_pubsub_stop.py``):
+Relies on two internals of Beam's direct runner (checked in ``tests/io/test_pubsub_stop.py``):
 ``_PubSubReadEvaluator`` and ``TransformEvaluatorRegistry._test_evaluators_overrides``.
 """
 

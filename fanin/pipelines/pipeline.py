@@ -134,9 +134,10 @@ class RunConfig:
         if self.max_bytes_per_join < self.max_bytes:
             raise ConfigError("--max-bytes-per-join must be >= --max-bytes (a join must hold "
                               "at least one message)")
-        if not 0 < self.window_s <= MAX_WINDOW_S or not 1 <= self.shards <= MAX_SHARDS:
-            raise ConfigError(f"--window-s must be > 0 and at most {MAX_WINDOW_S} (a day), "
-                              f"and --shards from 1 to {MAX_SHARDS}")  # NaN fails too
+        if not 0 < self.window_s <= MAX_WINDOW_S:  # NaN fails too
+            raise ConfigError(f"--window-s must be > 0 and at most {MAX_WINDOW_S} (a day)")
+        if not 1 <= self.shards <= MAX_SHARDS:
+            raise ConfigError(f"--shards must be from 1 to {MAX_SHARDS}")
 
     def _validate_pubsub_paths(self) -> None:
         """Every Pub/Sub path is one the service accepts (the reason in one line if not)."""
@@ -414,6 +415,20 @@ def _checked_folders(output: str, folders: list[str], overwrite: bool, continues
     return replaced
 
 
+def _check_output_early(config: RunConfig) -> None:
+    """The refusals of a local output folder that need nothing written (``_checked_folders``,
+    and a file in its path), so that a refused run says one line and nothing else; the lock
+    (``_locked_output``) checks again, holding the folder."""
+    ancestor = os.path.abspath(config.output)
+    while not os.path.exists(ancestor) and os.path.dirname(ancestor) != ancestor:
+        ancestor = os.path.dirname(ancestor)
+    if not os.path.isdir(ancestor):
+        raise ConfigError(f"--output: {ancestor} is a file, not a folder")
+    _checked_folders(config.output, [os.path.join(config.output, kind)
+                                     for kind in (CLOSES, LATE, DEAD_LETTER)],
+                     config.overwrite, bool(config.subscription or config.topic))
+
+
 def _writable(folder: str) -> bool:
     """This process may create and delete files in ``folder``."""
     return os.access(folder, os.W_OK | os.X_OK)
@@ -588,6 +603,8 @@ def run_pipeline(config: RunConfig, beam_args: Sequence[str],
                               "deduplicate by it (the join's reducer counts redeliveries as "
                               "duplicates)")
         _check_pubsub_resources(config)
+    if "://" not in config.output:
+        _check_output_early(config)  # before the build logs (a replay's plan, file names)
     p = beam.Pipeline(runner=runner_instance, options=options)
     drain = Drain() if config.subscription or config.topic else None
     build(p, config, catalog, drain)  # a missing input is reported here, before anything is written

@@ -8,7 +8,7 @@ Guarantees:
 - Every preset names its runner explicitly (``--runner=...``): no preset can fall back to the
   default ``SwitchingDirectRunner``, which tries to download Prism (docs/beam-notes.md).
 - Every option a preset returns is one Apache Beam 2.77 ``PipelineOptions`` knows
-  (``tests/test_runners.py`` parses them back).
+  (``tests/runners/test_runners.py`` parses them back).
 - Bad input raises ``ValueError`` with one line naming the argument and what is expected; a
   preset never returns options Beam would refuse later or that would make Beam reach the network
   to repair them (an invalid bucket name makes Beam try to create a default bucket).

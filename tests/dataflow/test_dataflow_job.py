@@ -1,5 +1,5 @@
 """What a submitted Dataflow job would hit, checked offline: streaming BigQuery, packaging of
-Fanin for the workers, ``--replay`` (issue 19, defects 1-3)."""
+Fanin for the workers, ``--replay``."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Drain, as the Beam model defines it (issue 19, "decide and document"): Dataflow's drain stops
+"""Drain, as the Beam model defines it (decided and documented): Dataflow's drain stops
 reading and moves the watermark to infinity, so every pending event-time timer fires. Offline,
 a TestStream whose watermark jumps from before any deadline straight to infinity shows the
 join's timers firing there: every open join closes as at its deadline.

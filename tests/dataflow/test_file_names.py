@@ -1,4 +1,4 @@
-"""Streaming output file names carry the job's token (issue 19, defect 4): a replacement job
+"""Streaming output file names carry the job's token: a replacement job
 (drain, then launch) writing to the same folder never overwrites the earlier job's files, and
 within a job the names are fixed when the job is built, so a retried bundle rewrites its own
 file."""

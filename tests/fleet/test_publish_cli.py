@@ -1,4 +1,4 @@
-"""Issue 20, item 9: ``fanin publish`` against Google's Pub/Sub emulator (real client): the line
+"""``fanin publish`` against Google's Pub/Sub emulator (real client): the line
 rule of ``fanin run --input``, failures by kind, waiting for a service that is down, Ctrl-C."""
 
 from __future__ import annotations

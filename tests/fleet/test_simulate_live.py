@@ -1,4 +1,4 @@
-"""Issue 20, item 1 (the simulator's half): ``fanin simulate --start`` and ``--rate N/s`` make a
+"""``fanin simulate --start`` and ``--rate N/s`` make a
 live stream whose event times follow the clock, down to Pub/Sub through ``fanin publish -``."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Faults on the Pub/Sub path, against Google's Pub/Sub emulator (issue 15 item 4).
+"""Faults on the Pub/Sub path, against Google's Pub/Sub emulator.
 
 - A lost acknowledgement (injected: the only test double here): the emulator redelivers the
   batch once its 10 s ack deadline expires, and the join counts the copies as duplicates.

@@ -1,4 +1,4 @@
-"""Issue 20 item 10: Pub/Sub paths and resources a run cannot use are refused before it starts,
+"""Pub/Sub paths and resources a run cannot use are refused before it starts,
 in one line on stderr with exit 2, saying why (against Google's Pub/Sub emulator)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 20 item 1 (the run's half): messages older than the tombstone retention, received on
+"""Messages older than the tombstone retention, received on
 Pub/Sub, are reported in one warning with counts (against Google's Pub/Sub emulator)."""
 
 from __future__ import annotations

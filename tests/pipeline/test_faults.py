@@ -3,7 +3,7 @@
 The failure is injected without editing the pipeline: ``build`` (the production wiring) is
 given a ``Catalog`` subclass that raises when a worker process unpickles it, i.e. when a
 worker sets up the join step for a bundle. (A failure *inside* the core, e.g. in
-``Catalog.definition`` while deciding, is contained to its join since issue 13 and is tested
+``Catalog.definition`` while deciding, is contained to its join and is tested
 in ``tests/reliability/test_poison.py``; this test is about failures of the worker itself.)
 "Once" is coordinated across worker processes by an exclusively created flag file, so exactly
 one bundle fails once; "always" fails every bundle of the join step.

@@ -90,7 +90,7 @@ def test_parity_batch_replay_core_on_in_order_arrival(traffic: dict[str, Path],
     # The watermark trigger: docs/spec.md §4 promises the bounded result when no message is behind
     # the
     # watermark. (Eager closes on arrival, so a redelivery that arrives after the close is
-    # late even with an equal event time: tests/test_streaming.py covers that.)
+    # late even with an equal event time: tests/pipeline/test_streaming.py covers that.)
     watermark = JoinDefaults(close_trigger="watermark")
     batch = run(traffic["in_order"], tmp_path / "batch")
     replay = run(traffic["in_order"], tmp_path / "replay", replay=True, defaults=watermark)

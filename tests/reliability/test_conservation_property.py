@@ -1,4 +1,4 @@
-"""Issue 13: conservation over arbitrary JSON. Generated traffic with arbitrary JSON in
+"""Conservation over arbitrary JSON. Generated traffic with arbitrary JSON in
 ``value`` and ``attempt`` (numbers of any size up to 400 digits, unicode, nesting up to and
 beyond the depth limit), arbitrary times (years 1-9999, not times at all), hostile lines, and a
 contract whose schema is drawn from valid, invalid and unresolvable ones. For each example:

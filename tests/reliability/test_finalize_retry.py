@@ -1,4 +1,4 @@
-"""Issue 13, item 3: the bounded write's finalize is safe to retry after a partial success, as
+"""The bounded write's finalize is safe to retry after a partial success, as
 Beam's file sinks' finalize is: a final file in place with its temporary files gone counts as
 done. Each case runs the finalize, makes an attempt fail part-way (a fault injected in the
 cleanup), retries it with the same input, and compares with an uninterrupted finalize; on the

@@ -1,4 +1,4 @@
-"""Issue 13, items 4-7: one hostile but valid message or one ordinary setting never crashes a
+"""One hostile but valid message or one ordinary setting never crashes a
 run. Each is a dead letter, a conflict, or one line on stderr with exit code 2."""
 
 from __future__ import annotations

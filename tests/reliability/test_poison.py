@@ -1,4 +1,4 @@
-"""Issue 13, the general guard: an exception raised by the core while folding, deciding or
+"""The general guard: an exception raised by the core while folding, deciding or
 encoding one join (a fault injected here) sends the messages that join holds to
 ``dead_letter`` as ``internal_error`` and the run goes on: the other joins close, nothing is
 lost, the bounded run's counter ``dead_letter.internal_error`` counts them."""

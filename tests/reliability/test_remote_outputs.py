@@ -1,4 +1,4 @@
-"""Issue 13, item 2: outputs to a remote folder stay remote, for every output and format, in
+"""Outputs to a remote folder stay remote, for every output and format, in
 bounded and streaming runs. The remote store is ``fanintest://`` (``remotefs.py``), a Beam
 filesystem that is not the local one; before the fix, Parquet went to a local ``fanintest:``
 folder (``pathlib`` turned ``fanintest://out`` into ``fanintest:/out``)."""

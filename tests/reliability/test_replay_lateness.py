@@ -1,4 +1,4 @@
-"""Issue 13, item 1: a streaming run never drops an output by lateness, whatever the event
+"""A streaming run never drops an output by lateness, whatever the event
 times. The cases of the issue (each lost outputs with the ten-year allowed lateness of the old
 event-time windowed write), replayed and compared with the bounded run of the same file."""
 

@@ -1,4 +1,4 @@
-"""Issue 13, item 1 as a property of the streaming write: whatever the event times of the
+"""A property of the streaming write: whatever the event times of the
 outputs and however far the watermark runs ahead of them, every output is written to exactly
 one file, and the file names are those of panes of the global window."""
 

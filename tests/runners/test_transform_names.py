@@ -5,7 +5,7 @@ timer ids (with their time domain) are listed: changing any of them breaks an up
 
 After an intentional rename, regenerate the committed list with
 
-    FANIN_UPDATE_TRANSFORM_NAMES=1 .venv/bin/pytest tests/test_transform_names.py
+    FANIN_UPDATE_TRANSFORM_NAMES=1 .venv/bin/pytest tests/runners/test_transform_names.py
 
 and update running jobs with ``--update --transform_name_mapping='{"Old": "New"}'``
 (docs/runners.md, "Update and drain").
@@ -25,7 +25,8 @@ from fanin.runners import stable_names
 ROOT = Path(__file__).resolve().parents[2]
 COMMITTED = ROOT / "tests" / "data" / "transform_names.txt"
 HEADER = ("# Stable transform names of the Fanin job: '<mode> <name>' per line (see\n"
-          "# tests/test_transform_names.py). Renaming any breaks Dataflow update compatibility.\n")
+          "# tests/runners/test_transform_names.py). Renaming any breaks Dataflow update "
+          "compatibility.\n")
 
 
 def _names(mode: str) -> list[str]:
@@ -60,6 +61,7 @@ def test_transform_names_match_the_committed_list() -> None:
         f"transform names changed (added {added}, removed {removed}). Renaming a transform, "
         "the stateful join's DoFn class or its state/timer ids breaks Dataflow update "
         "compatibility. If the rename is intended, regenerate with "
-        "`FANIN_UPDATE_TRANSFORM_NAMES=1 .venv/bin/pytest tests/test_transform_names.py` and "
+        "`FANIN_UPDATE_TRANSFORM_NAMES=1 .venv/bin/pytest tests/runners/test_transform_names.py`"
+        " and "
         "update running jobs with --update --transform_name_mapping='{\"<old>\": \"<new>\"}' "
         "(docs/runners.md, 'Update and drain').")

@@ -1,4 +1,4 @@
-"""Issue 20, items 3-5, against Google's Pub/Sub emulator with the real client: nothing is lost
+"""Against Google's Pub/Sub emulator with the real client: nothing is lost
 when ``close()`` is forgotten, ``flush_timeout_s`` bounds a whole flush, and a sink holds only
 unconfirmed messages, up to a bound."""
 

@@ -1,4 +1,4 @@
-"""Property (issue 20): generated SDK calls — values of any shape (keys that collide once
+"""Property: generated SDK calls — values of any shape (keys that collide once
 encoded, nesting around the parser's depth limit, NaN, lone surrogates), branch lists, any
 exception text, retries handed between processes — emit only lines ``fanin run`` accepts, and
 ``fanin run`` closes each join the way the calls imply.

@@ -1,4 +1,4 @@
-"""Issue 20, items 2, 6, 7, 8: what the SDK refuses (exactly what ``fanin run`` would refuse),
+"""What the SDK refuses (exactly what ``fanin run`` would refuse),
 one receipt for any branch exception, generators as branch lists, attempts across processes."""
 
 from __future__ import annotations

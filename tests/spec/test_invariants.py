@@ -1,6 +1,6 @@
 """The run invariants (tests/spec/invariants.py): the checker catches each broken invariant, the
-reference gives issue 12's expected answers, and every run mode keeps the invariants on
-issue 12's cases (a close after its deadline; a close holding messages after its closed_at)."""
+reference gives the expected answers, and every run mode keeps the invariants on
+the cases (a close after its deadline; a close holding messages after its closed_at)."""
 
 from __future__ import annotations
 
