@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 import duckdb
 
-from fanin.analysis.query import FORMATS, run_query, visible
+from fanin.analysis.query import FORMATS, outside_outputs, run_query, visible
 from fanin.analysis.report import build_report, summary_text, write_html
 from fanin.io.output_lock import state_warning
 
@@ -57,13 +57,34 @@ def _guarded(name: str, body: Callable[[argparse.Namespace], None]) -> Callable[
     return run
 
 
+def _reachable(option: str, path: str | None) -> None:
+    """A ``gs://`` FILE needs Google credentials: without them the write retried for minutes
+    with tracebacks; ``ValueError`` (one line) instead, before anything runs."""
+    if path is None or not path.startswith("gs://"):
+        return
+    import google.auth
+    from google.auth.exceptions import DefaultCredentialsError
+
+    try:
+        google.auth.default()
+    except DefaultCredentialsError:
+        raise ValueError(f"{option} {path}: no Google credentials to reach Cloud Storage: set "
+                         "up Application Default Credentials (gcloud auth "
+                         "application-default login, or GOOGLE_APPLICATION_CREDENTIALS)"
+                         ) from None
+
+
 def _query(args: argparse.Namespace) -> None:
+    _reachable("--out", args.out)
     text = run_query(args.dir, args.sql, args.format, args.out)
     if args.out is None:
         sys.stdout.write(text)
 
 
 def _report(args: argparse.Namespace) -> None:
+    _reachable("--html", args.html)
+    if args.html is not None and "://" not in args.html:
+        outside_outputs(args.dir, args.html, "--html")
     report = build_report(args.dir)
     if args.html is not None:
         write_html(report, args.html)

@@ -10,11 +10,13 @@
 - ``DIR/<kind>/**/*.parquet`` is read by pyarrow after every file's schema was checked
   against ``tables.schema(kind)`` (a path is never a pattern: a folder named ``o[x]`` is
   that folder);
-- a run asked for both formats writes the same rows twice, so when a folder has Parquet files
-  those are read, else its JSONL files, one file at a time, into the in-memory table
-  ``_<kind>`` that the view selects from (each row once); with neither, the view exists
-  with zero rows. Hidden files and folders (``.`` or ``_`` prefix: temp files, Beam's
-  ``.temp-beam-*``) are skipped, so a half-written file is never read.
+- a run asked for both formats writes the same rows twice, so of each run's files (the run
+  named in the file name, ``<kind>-<run>-p<pane>-s<shard>``: ``all`` for a bounded run, the
+  job token for a streaming one; a subscription's runs add their files to one folder) its
+  Parquet files are read when it wrote any, else its JSONL files, one file at a time, into
+  the in-memory table ``_<kind>`` that the view selects from (each row once); with neither,
+  the view exists with zero rows. Hidden files and folders (``.`` or ``_`` prefix: temp
+  files, Beam's ``.temp-beam-*``) are skipped, so a half-written file is never read.
 
 The outputs are copied into memory once (DuckDB's compressed columnar tables): that is what
 lets the connection give up file access entirely. It suits a run's outputs up to a few GB; for
@@ -77,7 +79,7 @@ from fanin.contracts import tables
 from fanin.contracts.timefmt import format_ms
 from fanin.io.files import atomic_write
 
-__all__ = ["FORMATS", "QueryRefused", "open_outputs", "run_query", "visible"]
+__all__ = ["FORMATS", "QueryRefused", "open_outputs", "outside_outputs", "run_query", "visible"]
 
 FORMATS = ("table", "csv", "json")
 _ALLOWED = {duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN}
@@ -90,6 +92,13 @@ class QueryRefused(ValueError):
 
 def _visible(path: Path, root: Path) -> bool:
     return not any(part.startswith((".", "_")) for part in path.relative_to(root).parts)
+
+
+def _run_of(kind: str, file: Path) -> str | None:
+    """The run an output file's name says wrote it (``<kind>-<run>-p<pane>-s<shard>``, as
+    ``fanin.transforms.write`` names files); None for a name of another form."""
+    found = re.fullmatch(rf"{re.escape(kind)}-(.+)-p[0-9]+-s[0-9]+", file.stem)
+    return found.group(1) if found else None
 
 
 def _output_files(folder: Path, suffix: str) -> list[Path]:
@@ -166,15 +175,17 @@ _BATCH_ROWS = 65_536
 def _load(con: duckdb.DuckDBPyConnection, kind: str, folder: Path) -> None:
     """Copy the ``kind`` outputs under ``folder`` into table ``_<kind>``; create view ``kind``.
 
-    A run that wrote both formats wrote the same rows twice: the Parquet files are read when
-    there are any, else the JSONL files, so every row appears once.
+    A run that wrote both formats wrote the same rows twice: of each run's files, its Parquet
+    files are read when it wrote any, else its JSONL files, so every row appears once.
     """
     sch = tables.schema(kind)
     columns = ", ".join(f'"{name}"' for name in sch.names)
     parquet = _output_files(folder, ".parquet")
     _check_parquet(kind, parquet)
-    parts = _parquet_tables(parquet) if parquet else \
-        _jsonl_tables(kind, _output_files(folder, ".jsonl"))
+    in_parquet = {_run_of(kind, file) for file in parquet}
+    jsonl = [file for file in _output_files(folder, ".jsonl")
+             if _run_of(kind, file) not in in_parquet]
+    parts = itertools.chain(_parquet_tables(parquet), _jsonl_tables(kind, jsonl))
     staging = f"_{kind}_staging"
     # one file's table at a time: an empty table of the schema first, then each file's rows
     for n, part in enumerate(itertools.chain([sch.empty_table()], parts)):
@@ -250,15 +261,29 @@ _EXPLAIN_PARTS = (re.compile(r"explain\b", re.IGNORECASE),
                   re.compile(r"\([^()]*\)"))  # options: (FORMAT JSON), (ANALYZE), ...
 
 
-def _explained(sql: str) -> str:
-    """The statement an ``EXPLAIN`` statement explains: ``sql`` after ``EXPLAIN``, an
-    optional ``ANALYZE`` and an optional list of options (and the comments between them)."""
+def _explained(sql: str) -> list[str]:
+    """What an ``EXPLAIN`` statement may explain: ``sql`` after ``EXPLAIN``, an optional
+    ``ANALYZE`` and an optional list of options (and the comments between them); with and
+    without the parenthesised part, which is the options or the start of the statement
+    (``EXPLAIN (SELECT 1)``)."""
     pos = _GAP.match(sql).end()  # type: ignore[union-attr]  # matches the empty string
+    found: list[str] = []
     for part in _EXPLAIN_PARTS:
-        found = part.match(sql, pos)
-        if found is not None:
-            pos = _GAP.match(sql, found.end()).end()  # type: ignore[union-attr]
-    return sql[pos:]
+        matched = part.match(sql, pos)
+        if matched is not None:
+            if part is _EXPLAIN_PARTS[-1]:
+                found.append(sql[pos:])
+            pos = _GAP.match(sql, matched.end()).end()  # type: ignore[union-attr]
+    return [sql[pos:], *found]
+
+
+def _one_select(con: duckdb.DuckDBPyConnection, sql: str) -> bool:
+    """``sql`` is exactly one ``SELECT`` statement."""
+    try:
+        inner = con.extract_statements(sql)
+    except duckdb.Error:
+        return False
+    return len(inner) == 1 and inner[0].type == duckdb.StatementType.SELECT
 
 
 def _check_read_only(con: duckdb.DuckDBPyConnection, sql: str) -> None:
@@ -268,14 +293,10 @@ def _check_read_only(con: duckdb.DuckDBPyConnection, sql: str) -> None:
     kind = statements[0].type
     if kind not in _ALLOWED:
         raise QueryRefused(f"only SELECT or EXPLAIN is allowed, not {kind.name}")
-    if kind == duckdb.StatementType.EXPLAIN:
-        try:
-            inner = con.extract_statements(_explained(statements[0].query))
-        except duckdb.Error:
-            inner = []
-        if len(inner) != 1 or inner[0].type != duckdb.StatementType.SELECT:
-            raise QueryRefused("EXPLAIN is allowed only of a SELECT (EXPLAIN ANALYZE runs "
-                               "the statement it explains)")
+    if kind == duckdb.StatementType.EXPLAIN and not any(
+            _one_select(con, text) for text in _explained(statements[0].query)):
+        raise QueryRefused("EXPLAIN is allowed only of a SELECT (EXPLAIN ANALYZE runs "
+                           "the statement it explains)")
 
 
 def _finite(text: str) -> float | None:
@@ -393,14 +414,15 @@ def _rendered(names: Sequence[str], types: Sequence[str], rows: Sequence[tuple[A
     raise ValueError(f"unknown format {fmt!r}; expected one of {FORMATS}")
 
 
-def _outside_outputs(directory: str | os.PathLike[str], out: str | os.PathLike[str]) -> None:
-    """Refuse an ``--out`` FILE inside the folder's output folders: it would become one more
-    output file (or replace one) that the next query reads."""
+def outside_outputs(directory: str | os.PathLike[str], out: str | os.PathLike[str],
+                    option: str = "--out") -> None:
+    """Refuse a FILE (``--out``, ``fanin report --html``) inside the folder's output folders:
+    it would become one more output file (or replace one) that the next query reads."""
     target = os.path.realpath(out)
     for kind in tables.KINDS:
         folder = os.path.realpath(os.path.join(directory, kind))
         if os.path.commonpath([folder, target]) == folder:
-            raise ValueError(f"--out {out}: is in {os.path.join(directory, kind)}, which holds "
+            raise ValueError(f"{option} {out}: is in {os.path.join(directory, kind)}, which holds "
                              "the outputs queried; give a file outside it")
 
 
@@ -467,7 +489,7 @@ def run_query(
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; expected one of {FORMATS}")
     if out is not None:
-        _outside_outputs(directory, out)
+        outside_outputs(directory, out)
     con = open_outputs(directory)
     try:
         _check_read_only(con, sql)

@@ -302,6 +302,24 @@ def test_views_identical_for_jsonl_and_parquet_and_each_row_once_with_both(tmp_p
         assert [r[0] for r in select(tmp_path / "both", describe)] == tables.schema(kind).names
 
 
+def test_each_run_counts_once_when_runs_of_one_folder_wrote_different_formats(
+        tmp_path: Path) -> None:
+    """A subscription's runs add their files to one folder: a later run writing Parquet made
+    every earlier run's JSONL files unread (the choice was per folder, not per run)."""
+    data = sample(40)
+    earlier = {kind: objs[: len(objs) // 2] for kind, objs in data.items()}
+    later = {kind: objs[len(objs) // 2:] for kind, objs in data.items()}
+    for kind in tables.KINDS:
+        write_jsonl(tmp_path, {kind: earlier[kind]}, f"{kind}-0123456789ab-p0000-s000")
+        write_jsonl(tmp_path, {kind: later[kind]}, f"{kind}-ba9876543210-p0000-s000")
+        write_parquet(tmp_path, {kind: later[kind]}, f"{kind}-ba9876543210-p0000-s000")
+    whole = tmp_path.parent / f"{tmp_path.name}-whole"
+    write_jsonl(whole, data)
+    for kind in tables.KINDS:
+        sql = f"SELECT * FROM {kind} ORDER BY ALL"
+        assert select(tmp_path, sql) == select(whole, sql) != []
+
+
 def test_views_exist_for_empty_and_missing_folders(tmp_path: Path) -> None:
     (tmp_path / "closes").mkdir()
     (tmp_path / "closes" / ".hidden.jsonl").write_text("not json\n")
@@ -387,7 +405,9 @@ def test_explain_of_a_select_runs_and_explain_analyze_changes_nothing(tmp_path: 
     write_parquet(tmp_path, sample(5))
     for sql, plan in (("EXPLAIN SELECT count(*) FROM closes", "physical_plan"),
                       ("/* plan */ explain analyze select count(*) from closes", "analyzed_plan"),
-                      ("EXPLAIN (FORMAT JSON) SELECT * FROM late", "physical_plan")):
+                      ("EXPLAIN (FORMAT JSON) SELECT * FROM late", "physical_plan"),
+                      ("EXPLAIN (SELECT count(*) FROM closes)", "physical_plan"),
+                      ("EXPLAIN ANALYZE (SELECT 1) UNION ALL (SELECT 2)", "analyzed_plan")):
         rows = list(csv.reader(io.StringIO(query.run_query(tmp_path, sql, "csv"))))
         assert rows[0] == ["explain_key", "explain_value"] and rows[1][0] == plan, sql
     con = query.open_outputs(tmp_path)

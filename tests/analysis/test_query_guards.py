@@ -70,6 +70,33 @@ def test_query_out_inside_the_outputs_is_refused(outputs: Path,
     assert sorted(p.name for p in (outputs / "closes").iterdir()) == before
 
 
+def test_report_html_inside_the_outputs_is_refused(outputs: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """It was written there, and the next query failed on it as a damaged output file."""
+    target = outputs / "late" / "report.jsonl"
+    assert main(["report", str(outputs), "--html", str(target)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"fanin report: error: --html {target}: is in {outputs / 'late'}, which holds the "
+        "outputs queried; give a file outside it")
+    assert not target.exists()
+
+
+@pytest.mark.parametrize("command", [["query", "select 1", "--out"], ["report", "--html"]])
+def test_a_cloud_storage_file_without_credentials_is_one_line(
+        outputs: Path, tmp_path: Path, command: list[str]) -> None:
+    """It retried for minutes with tracebacks (no credentials, no network here)."""
+    env = {**os.environ, "GOOGLE_APPLICATION_CREDENTIALS": str(tmp_path / "none.json"),
+           "CLOUDSDK_CONFIG": str(tmp_path), "HOME": str(tmp_path)}
+    target = "gs://no-such-bucket-fanin/x"
+    done = subprocess.run([FANIN, command[0], str(outputs), *command[1:], target],
+                          capture_output=True, text=True, timeout=120, check=False, env=env)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"fanin {command[0]}: error: {command[-1]} {target}: no Google credentials to reach "
+        "Cloud Storage: set up Application Default Credentials (gcloud auth "
+        "application-default login, or GOOGLE_APPLICATION_CREDENTIALS)"]
+
+
 def test_a_result_beyond_the_row_cap_is_one_line(outputs: Path,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     """Every row is held to be rendered: ``select * from range(10000000000)`` grew until the
