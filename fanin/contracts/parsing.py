@@ -75,6 +75,16 @@ def dead_letter(error: str, detail: str, raw: str | bytes, source: Source
     return line
 
 
+def _json_refusal(text: str, exc: JSONRefused) -> str:
+    """The reason of an ``invalid_json`` dead letter, naming the two cases the decoder's own
+    words ("Expecting value: line 1 column 1") leave unclear."""
+    if not text.strip():
+        return "an empty message" if not text else "only white space"
+    if text.startswith("\ufeff"):
+        return f"starts with a byte order mark (U+FEFF), which is not JSON: {exc}"
+    return str(exc)
+
+
 def is_utf8(text: str) -> bool:
     """Whether UTF-8 can encode ``text`` (a lone surrogate cannot)."""
     try:
@@ -255,7 +265,7 @@ def parse_message(data: bytes | str, source: Source, contracts: Container[str], 
     try:
         obj = loads(text, data if isinstance(data, bytes) else None)
     except JSONRefused as exc:
-        return None, dead_letter("invalid_json", str(exc), text, source)
+        return None, dead_letter("invalid_json", _json_refusal(text, exc), text, source)
     if not isinstance(obj, dict):
         return None, dead_letter("not_object", f"a JSON {_json_type(obj)}, not an object",
                                  text, source)

@@ -296,3 +296,16 @@ def test_durations_count_the_milliseconds_of_the_number_as_written(text: str, ms
                               f"    deadline_s: {text}\n    retention_s: {text}\n")
     definition = Catalog(catalog).definition("c", None, None, None, None, None)
     assert (definition.deadline_ms, definition.retention_ms) == (ms, ms)
+
+
+@pytest.mark.parametrize(("data", "detail"), [
+    (b"", "an empty message"),  # a Pub/Sub message with attributes and no data
+    (b" \t", "only white space"),
+    ('\ufeff{"kind":"open"}'.encode(), "starts with a byte order mark (U+FEFF), which is not "
+                                       "JSON: Expecting value: line 1 column 1 (char 0)"),
+])
+def test_an_empty_message_and_a_byte_order_mark_are_named(data: bytes, detail: str) -> None:
+    """Both read "Expecting value: line 1 column 1 (char 0)", which says neither."""
+    record, dead = parse_message(data, {"kind": "pubsub"}, frozenset({"triage"}))
+    assert record is None and dead is not None
+    assert (dead["error"], dead["detail"]) == ("invalid_json", detail)
