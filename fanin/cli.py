@@ -321,25 +321,34 @@ def _parser(command: str | None) -> _Parser:
 def _reported_by_fanin(record: logging.LogRecord) -> bool:
     """A log filter: drop Beam's logs (tracebacks, each retry of the bundle, "Giving up") of
     what ``fanin run`` reports itself in one line: an input that cannot be read
-    (``fanin.io.inputs.UnreadableInput``), a file a step cannot read or write (an
-    ``OSError``: a full disk, a folder made read-only; ``runner_failure``). The local runners
-    log the exception in the record, as an argument, or while handling it."""
+    (``fanin.io.inputs.UnreadableInput``), and a step of the job that failed on a file (an
+    ``OSError`` the local runner re-raised as "... [while running 'STEP']": a full disk, a
+    folder made read-only; ``runner_failure``). The local runners log that exception in the
+    record, as an argument, or while handling it; any other record is kept (Beam's retries of
+    a network call, a job service's errors)."""
     if not record.name.startswith("apache_beam") or record.levelno < logging.WARNING:
         return True
-    error: BaseException | None = record.exc_info[1] if record.exc_info else None
-    if error is None and isinstance(record.args, tuple):
-        error = next((a for a in record.args if isinstance(a, BaseException)), None)
-    if error is None:
-        error = sys.exc_info()[1]
     from fanin.io.inputs import UnreadableInput
 
+    found = [record.msg, *(record.args if isinstance(record.args, tuple) else ()),
+             record.exc_info[1] if record.exc_info else None, sys.exc_info()[1]]
+    errors = [error for error in found if isinstance(error, BaseException)]
+    if any(isinstance(error, UnreadableInput) for error in errors):
+        return False
+    in_step = "[while running '" in record.getMessage() or \
+        any("[while running '" in str(error) for error in errors)
+    return not (in_step and any(map(_file_error, errors)))
+
+
+def _file_error(error: BaseException | None) -> bool:
+    """``error`` is, or was raised from or while handling, an ``OSError``."""
     seen: set[int] = set()
     while error is not None and id(error) not in seen:
-        if isinstance(error, (UnreadableInput, OSError)):
-            return False
+        if isinstance(error, OSError):
+            return True
         seen.add(id(error))
         error = error.__cause__ or error.__context__
-    return True
+    return False
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -308,8 +308,9 @@ def _load_document(text: str, origin: str) -> Any:
                              "tag names") from None
     except RecursionError:
         raise ContractsError(f"{origin}: nested too deeply") from None
-    except ValueError as exc:  # YAML's int() of a number of more than 4,300 digits
-        reason = ("an integer of more than 4,300 digits" if "digits" in str(exc)
+    except ValueError as exc:  # an integer beyond the limit (4,300, or this process's lower)
+        limit = re.search(r"\((\d+) digits\)", str(exc))
+        reason = (f"an integer of more than {int(limit.group(1)):,} digits" if limit
                   else str(exc).splitlines()[0])
         raise ContractsError(f"{origin}: not valid YAML: {reason}") from None
     if problem:

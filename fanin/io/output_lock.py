@@ -7,9 +7,9 @@ Guarantees (local folders; a ``gs://`` folder has neither, docs/reliability.md):
   (``FolderBusy``, naming the holder's process) before it checks, deletes or writes anything.
 - ``finish()`` (the run wrote all of its outputs) deletes the mark, then lets the lock go;
   except for a run that continued (``continues``: a subscription's next run) a folder an
-  unfinished run had left, without emptying it: that run's missing outputs stay missing (its
-  Pub/Sub messages were acknowledged when pulled, docs/reliability.md), so the mark stays,
-  saying so (``earlier_unfinished``), until ``--overwrite`` empties the folder or the user
+  unfinished subscription run had left, without ``--overwrite``: that run's missing outputs
+  stay missing (its Pub/Sub messages were acknowledged when pulled, docs/reliability.md), so
+  the mark stays, saying so (``earlier_unfinished``), until ``--overwrite`` or the user
   deletes it.
   ``release()`` (the run failed after writing) lets the lock go and leaves the mark: the
   folder's outputs are partial, and a run killed outright leaves it too. ``abandon()`` (the
@@ -28,8 +28,8 @@ import stat
 import time
 from typing import Any
 
-__all__ = ["MARK", "RUNNING", "UNFINISHED", "FolderBusy", "OutputLock", "folder_state",
-           "state_warning"]
+__all__ = ["MARK", "RUNNING", "UNFINISHED", "FolderBusy", "OutputLock", "check_not_busy",
+           "folder_state", "state_warning"]
 
 MARK = ".fanin-run"
 RUNNING, UNFINISHED = "running", "unfinished"
@@ -81,13 +81,30 @@ def _holder(path: str) -> str:
     return f" (process {pid})" if isinstance(pid, int) else ""
 
 
+def _busy(output: str) -> str:
+    return (f"--output {output}: another fanin run is writing there"
+            f"{_holder(os.path.join(output, MARK))}; wait for it to end, or choose another "
+            "folder")
+
+
+def check_not_busy(output: str) -> None:
+    """``FolderBusy`` (what ``acquire`` would raise) while another run holds ``output``: for
+    checks made before the lock is taken, so that they do not give another reason first."""
+    if folder_state(output) == RUNNING:
+        raise FolderBusy(_busy(output))
+
+
 class OutputLock:
     """The lock of one run on one local output folder (see the module docstring)."""
 
-    def __init__(self, path: str, fd: int, found: bool, continues: bool = False) -> None:
-        self._path, self._fd, self._found, self._continues = path, fd, found, continues
+    def __init__(self, path: str, fd: int, found: bool, continues: bool = False,
+                 lost_before: bool = False) -> None:
+        self._path, self._fd, self._found = path, fd, found
+        self._kept = continues and lost_before
         self.changed = False
         """Whether the run changed the folder before it wrote (``--overwrite`` emptied it)."""
+        self.overwrite = False
+        """Whether the run was asked to replace the folder's outputs (``--overwrite``)."""
 
     def mark_changed(self) -> None:
         self.changed = True
@@ -108,18 +125,19 @@ class OutputLock:
                     raise FolderBusy(f"--output {output}: {MARK} there is not a file; remove "
                                      "it")
                 if not _locked_a_moment(fd):
-                    raise FolderBusy(f"--output {output}: another fanin run is writing there"
-                                     f"{_holder(path)}; wait for it to end, or choose "
-                                     "another folder")
+                    raise FolderBusy(_busy(output))
                 try:  # the mark a finishing run deleted after we opened it is not the lock
                     same = os.path.samestat(os.fstat(fd), os.stat(path))
                 except FileNotFoundError:
                     same = False
                 if same:
+                    earlier = _mark(path) if found else {}
+                    lost = earlier.get("continues") is True or \
+                        earlier.get("earlier_unfinished") is True  # a Pub/Sub run's mark
                     os.ftruncate(fd, 0)
                     os.write(fd, json.dumps({"pid": os.getpid(), "started": time.time(),
                                              "continues": continues}).encode() + b"\n")
-                    return cls(path, fd, found, continues)
+                    return cls(path, fd, found, continues, lost)
             except BaseException:
                 os.close(fd)
                 raise
@@ -128,7 +146,7 @@ class OutputLock:
     def finish(self) -> None:
         """All outputs written: delete the mark (keep it, saying why, when this run continued
         an unfinished run's folder), let the lock go."""
-        if self._found and self._continues and not self.changed and self._fd >= 0:
+        if self._kept and not (self.changed or self.overwrite) and self._fd >= 0:
             os.ftruncate(self._fd, 0)
             os.pwrite(self._fd, json.dumps({"pid": os.getpid(), "finished": time.time(),
                                             "continues": True,

@@ -41,7 +41,7 @@ from fanin.contracts.catalog import Catalog, JoinDefaults, load_contracts
 from fanin.contracts.parsing import DEFAULT_MAX_BYTES
 from fanin.contracts.timefmt import duration_ms
 from fanin.core.outcomes import CLOSES, DEAD_LETTER, LATE
-from fanin.io.output_lock import OutputLock
+from fanin.io.output_lock import OutputLock, check_not_busy
 from fanin.io.pubsub_drain import Drain, drain_on_signals
 from fanin.pipelines.cloud_names import (
     SETUP_FILE_NAMES,
@@ -419,6 +419,7 @@ def _check_output_early(config: RunConfig) -> None:
     """The refusals of a local output folder that need nothing written (``_checked_folders``,
     and a file in its path), so that a refused run says one line and nothing else; the lock
     (``_locked_output``) checks again, holding the folder."""
+    check_not_busy(config.output)
     ancestor = os.path.abspath(config.output)
     while not os.path.exists(ancestor) and os.path.dirname(ancestor) != ancestor:
         ancestor = os.path.dirname(ancestor)
@@ -676,6 +677,7 @@ def _locked_output(config: RunConfig) -> OutputLock:
     continues = bool(config.subscription or config.topic)
     try:
         lock = OutputLock.acquire(config.output, continues)
+        lock.overwrite = config.overwrite
     except OSError as exc:  # e.g. a read-only file system, a folder not ours
         raise ConfigError(f"--output: cannot create or lock {config.output}: "
                           f"{exc.strerror or exc}") from None

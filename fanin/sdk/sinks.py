@@ -40,6 +40,7 @@ Guarantees:
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import threading
@@ -186,7 +187,8 @@ def _after_fork_in_child() -> None:
             _OPEN_SINKS.discard(sink)
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+if hasattr(os, "register_at_fork"):  # POSIX; Windows has no fork
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _watch_at_exit(sink: Sink) -> None:
@@ -213,13 +215,15 @@ class JsonlFileSink(Sink):
     appending as it is published (no buffer in the process): so a line is never half written
     next to another process's, a ``fork`` copies no pending lines (a forked child exiting
     cannot write its parent's lines again), and nothing is lost when a ``multiprocessing``
-    child ends with ``os._exit``. ``flush`` and ``close`` ``fsync`` the file (durable)."""
+    child ends with ``os._exit``. ``flush`` and ``close`` ``fsync`` the file (durable). The
+    cost is a system call per line (~2 µs on a local disk; more on a network file system)."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self._lock = threading.Lock()
         self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT
-                                       | os.O_CLOEXEC, 0o666)
+                                       | getattr(os, "O_CLOEXEC", 0)
+                                       | getattr(os, "O_BINARY", 0), 0o666)
         self._unflushed = 0
         _watch_at_exit(self)
 
@@ -255,6 +259,14 @@ class JsonlFileSink(Sink):
                 finally:
                     os.close(fd)
                 self._unflushed = 0
+
+    def __del__(self) -> None:
+        """A sink dropped unclosed gives its descriptor back (its lines were written already;
+        the exit hook ``fsync``s the sinks still referenced)."""
+        fd, self._fd = getattr(self, "_fd", None), None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     def _forked(self) -> None:
         """In a forked child: a fresh lock (another thread may have held the parent's), and

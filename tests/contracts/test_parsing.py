@@ -301,6 +301,7 @@ def test_durations_count_the_milliseconds_of_the_number_as_written(text: str, ms
 @pytest.mark.parametrize(("data", "detail"), [
     (b"", "an empty message"),  # a Pub/Sub message with attributes and no data
     (b" \t", "only white space"),
+    ("\u00a0\x1c".encode(), "Expecting value: line 1 column 1 (char 0)"),  # not JSON's
     ('\ufeff{"kind":"open"}'.encode(), "starts with a byte order mark (U+FEFF), which is not "
                                        "JSON: Expecting value: line 1 column 1 (char 0)"),
 ])

@@ -171,6 +171,32 @@ def test_a_subscriptions_next_run_keeps_the_mark_of_the_messages_lost_before_it(
     OutputLock.acquire(folder, continues=False).release()  # a bounded run that failed...
     OutputLock.acquire(folder, continues=False).finish()  # ...run again, finished
     assert folder_state(folder) is None
+    OutputLock.acquire(folder, continues=False).release()  # a bounded run that failed, then
+    OutputLock.acquire(folder, continues=True).finish()  # a subscription's run: nothing lost
+    assert folder_state(folder) is None
+    OutputLock.acquire(folder, continues=True).release()
+    overwritten = OutputLock.acquire(folder, continues=True)
+    overwritten.overwrite = True  # --overwrite of a folder whose files were deleted by hand
+    overwritten.finish()
+    assert folder_state(folder) is None
+
+
+def test_a_busy_folder_is_named_busy_before_any_other_refusal(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The early check of the folder told a second run to pass --overwrite."""
+    from fanin.io.output_lock import OutputLock
+
+    out = tmp_path / "out"
+    assert main(_run(out)) == 0
+    holder = OutputLock.acquire(str(out))
+    try:
+        capsys.readouterr()
+        assert main(_run(out)) == 2
+        assert capsys.readouterr().err.strip() == (
+            f"fanin: error: --output {out}: another fanin run is writing there (process "
+            f"{os.getpid()}); wait for it to end, or choose another folder")
+    finally:
+        holder.finish()
 
 
 def test_a_named_pipe_where_the_mark_goes_blocks_no_reader(
@@ -244,3 +270,34 @@ def test_a_drain_aborted_by_a_second_signal_keeps_the_mark(
     lock = OutputLock.acquire(out, continues=True)
     _stopped(stop, None, lock, _files_in(out), out)
     assert (folder_state(out) == UNFINISHED) is marked
+
+
+def _record(message: str, *args: object, name: str = "apache_beam.runners.direct.executor",
+            error: BaseException | None = None) -> logging.LogRecord:
+    return logging.LogRecord(name, logging.WARNING, __file__, 1, message, args,
+                             (type(error), error, None) if error else None)
+
+
+def test_only_a_step_s_file_failure_is_left_out_of_beam_s_log() -> None:
+    """The filter that keeps a failed write to one line dropped every Beam warning logged near
+    an OSError: a network call's retries, a job service's timeout."""
+    from fanin.cli import _reported_by_fanin
+
+    step = OSError("cannot write 'o/closes/x.jsonl': No space left on device "
+                   "[while running 'Write/closes/WriteFiles']")
+    assert not _reported_by_fanin(_record("A task failed with exception: %s", step))
+    assert not _reported_by_fanin(_record("a step failed", error=step))
+    try:
+        raise step
+    except OSError:  # the executor's "Giving up after 4 attempts." is logged while handling it
+        assert not _reported_by_fanin(_record("Giving up after %s attempts.", 4))
+    try:
+        raise ConnectionResetError("connection reset by peer")
+    except OSError:
+        assert _reported_by_fanin(_record("Retry with exponential backoff: %s", "x",
+                                          name="apache_beam.utils.retry"))
+    assert _reported_by_fanin(_record("timed out waiting for the job service",
+                                      error=TimeoutError("deadline")))
+    assert _reported_by_fanin(_record("Job failed: %s", RuntimeError(
+        "OutOfMemoryError [while running 'Join']")))  # not a file
+    assert _reported_by_fanin(_record("%s", step, name="fanin.transforms.write"))  # not Beam's
