@@ -255,7 +255,14 @@ def replay_of(lines: Iterable[tuple[bytes, Source]], catalog: Catalog,
     replay = build_replay(lines, max_disorder_s, _longest_deadline_ms(catalog) + 1,
                           message_scan(frozenset(catalog.contracts), max_bytes),
                           replay_retention_floor_ms(catalog))
-    if replay.events > _SLOW_REPLAY_EVENTS:
+    if replay.events > _SLOW_REPLAY_EVENTS and not replay.behind:
+        _LOG.warning(
+            "fanin: --replay: the stream splits into %d events (no line lags the file's latest "
+            "event time: lines of a join_id used again after its join's tombstone ended, or "
+            "lines after a timer of their join may be due), each a round of the local "
+            "runner's bundles over the joins it holds, so this replay is slow (0.1 s or more "
+            "per event)", replay.events)
+    elif replay.events > _SLOW_REPLAY_EVENTS:
         _LOG.warning(
             "fanin: --replay: %d lines lag the file's latest event time by more than "
             "--max-disorder-s %g (by up to %.0f s): they arrive behind the watermark (late if "

@@ -19,7 +19,7 @@ from support.builders import make_catalog, open_msg, receipt
 
 from fanin.contracts.catalog import JoinDefaults
 from fanin.contracts.parsing import DEFAULT_MAX_BYTES
-from fanin.contracts.timefmt import parse_rfc3339
+from fanin.contracts.timefmt import format_ms, parse_rfc3339
 from fanin.core.outcomes import CLOSES, DEAD_LETTER, LATE
 from fanin.pipelines.pipeline import RunConfig, run_pipeline
 from fanin.transforms.join_streaming import JoinDoFn
@@ -272,6 +272,31 @@ def test_a_replay_of_many_events_warns_and_names_the_disorder_that_covers_it(
     with caplog.at_level("WARNING", logger="fanin"):
         fast = replay_of(numbered_lines(str(path)), catalog, 8.0)
     assert fast.behind == 0 and fast.events == 2 and not caplog.records
+
+
+def test_a_replay_split_by_a_reused_join_id_says_so_not_a_disorder(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A join_id used again after its tombstone ended makes events with no line behind: the
+    warning said "0 lines lag ... --max-disorder-s 0 covers this file's disorder"."""
+    from fanin.pipelines import pipeline
+
+    monkeypatch.setattr(pipeline, "_SLOW_REPLAY_EVENTS", 5)
+    def at(day: int, second: int) -> str:
+        return format_ms(T0 + day * DAY_MS + second * 1000)
+
+    lines = [json.dumps(message) for day in range(4) for message in (
+        {"kind": "open", "join_id": "nightly", "opened_at": at(day, 0), "required": ["a"]},
+        {"join_id": "nightly", "branch": "a", "status": "ok", "event_time": at(day, 1)})]
+    path = write_lines(tmp_path / "in.jsonl", lines)
+    with caplog.at_level("WARNING", logger="fanin"):
+        slow = pipeline.replay_of(numbered_lines(str(path)), make_catalog(retention_s=60), 0.0)
+    assert slow.behind == 0 and slow.events > 5
+    (warning,) = [r.getMessage() for r in caplog.records if "--replay" in r.getMessage()]
+    assert warning.startswith(f"fanin: --replay: the stream splits into {slow.events} events "
+                              "(no line lags the file's latest event time: lines of a join_id "
+                              "used again")
+    assert "--max-disorder-s" not in warning
 
 
 def _sources(items: list[tuple[bytes, tuple[str, int]]]) -> list[tuple[str, int]]:
