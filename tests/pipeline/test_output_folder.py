@@ -199,6 +199,26 @@ def test_a_busy_folder_is_named_busy_before_any_other_refusal(
         holder.finish()
 
 
+@pytest.mark.parametrize("mode", [(), ("--replay",)])
+def test_a_refused_output_folder_is_one_line_also_for_a_replay(
+        tmp_path: Path, mode: tuple[str, ...], capsys: pytest.CaptureFixture[str],
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A replay built its plan (a warning, a log line) before the folder was refused."""
+    out = tmp_path / "out"
+    assert main(_run(out, *mode)) == 0
+    (tmp_path / "afile").write_text("")
+    capsys.readouterr()
+    caplog.clear()
+    for target, error in ((out, f"{out} already holds outputs; pass --overwrite to replace "
+                                "them"),
+                          (tmp_path / "afile" / "x",
+                           f"--output: {tmp_path / 'afile'} is a file, not a folder")):
+        assert main(_run(target, *mode)) == 2
+        assert capsys.readouterr().err.strip() == f"fanin: error: {error}"
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO
+            and r.name.startswith("fanin")] == []
+
+
 def test_a_named_pipe_where_the_mark_goes_blocks_no_reader(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "out"
@@ -301,3 +321,15 @@ def test_only_a_step_s_file_failure_is_left_out_of_beam_s_log() -> None:
     assert _reported_by_fanin(_record("Job failed: %s", RuntimeError(
         "OutOfMemoryError [while running 'Join']")))  # not a file
     assert _reported_by_fanin(_record("%s", step, name="fanin.transforms.write"))  # not Beam's
+
+
+@pytest.mark.parametrize(("option", "value", "error"), [
+    ("--shards", "1001", "--shards must be from 1 to 1000"),
+    ("--shards", "0", "--shards must be from 1 to 1000"),
+])
+def test_a_setting_out_of_range_names_itself(
+        tmp_path: Path, option: str, value: str, error: str,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``--shards 1001`` said "--window-s must be > 0 and at most 86400 ..."."""
+    assert main(_run(tmp_path / "out", option, value)) == 2
+    assert capsys.readouterr().err.strip() == f"fanin: error: {error}"
