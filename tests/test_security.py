@@ -100,6 +100,17 @@ def test_an_integer_beyond_4300_digits_in_a_contracts_file_is_named_as_such(limi
     assert loaded["x"].deadline_s == 16
 
 
+def test_a_process_that_lowered_the_digit_limit_names_its_own() -> None:
+    before = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(640)
+    try:
+        with pytest.raises(ContractsError) as refused:
+            parse_contracts(f"contracts:\n  - name: x\n    deadline_s: {'9' * 1000}\n", "big.yaml")
+    finally:
+        sys.set_int_max_str_digits(before)
+    assert str(refused.value) == "big.yaml: not valid YAML: an integer of more than 640 digits"
+
+
 # ----------------------------------------------------------------------------- source scan
 RUFF = Path(sys.executable).with_name("ruff")
 
