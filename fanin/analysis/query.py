@@ -457,13 +457,16 @@ def _interruptible(con: duckdb.DuckDBPyConnection, sql: str
         finally:
             done.set()
 
-    threading.Thread(target=work, name="fanin-query", daemon=True).start()
+    worker = threading.Thread(target=work, name="fanin-query", daemon=True)
     try:
+        worker.start()  # inside: Ctrl-C may land while it waits for the worker to start
         done.wait()
     except KeyboardInterrupt:
         # an interrupt before the statement began stops nothing, and one while DuckDB starts
-        # it is refused (the connection is busy): again, until the worker has ended
-        while True:
+        # it is refused (the connection is busy): again, until the worker has ended (a worker
+        # never started has nothing to stop; one interrupted in start() left the caller's
+        # close() of the connection failing as "busy": exit 2, not 130)
+        while worker.ident is not None:
             with contextlib.suppress(duckdb.Error):
                 con.interrupt()
             if done.wait(0.1):
