@@ -28,6 +28,7 @@ import duckdb
 
 from fanin.analysis.query import FORMATS, outside_outputs, run_query, visible
 from fanin.analysis.report import build_report, summary_text, write_html
+from fanin.io.credentials import require_google_credentials
 from fanin.io.output_lock import state_warning
 
 __all__ = ["add_subcommand", "cmd_query", "cmd_report"]
@@ -60,18 +61,8 @@ def _guarded(name: str, body: Callable[[argparse.Namespace], None]) -> Callable[
 def _reachable(option: str, path: str | None) -> None:
     """A ``gs://`` FILE needs Google credentials: without them the write retried for minutes
     with tracebacks; ``ValueError`` (one line) instead, before anything runs."""
-    if path is None or not path.startswith("gs://"):
-        return
-    import google.auth
-    from google.auth.exceptions import DefaultCredentialsError
-
-    try:
-        google.auth.default()
-    except DefaultCredentialsError:
-        raise ValueError(f"{option} {path}: no Google credentials to reach Cloud Storage: set "
-                         "up Application Default Credentials (gcloud auth "
-                         "application-default login, or GOOGLE_APPLICATION_CREDENTIALS)"
-                         ) from None
+    if path is not None and path.startswith("gs://"):
+        require_google_credentials(f"{option} {path}", "Cloud Storage")
 
 
 def _query(args: argparse.Namespace) -> None:

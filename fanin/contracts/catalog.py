@@ -248,16 +248,14 @@ _JSONLoader.add_implicit_resolver(
 def _construct_int(loader: _JSONLoader, node: yaml.ScalarNode) -> int:
     """YAML 1.2's integers: decimal (a leading zero is not octal), ``0o`` octal, ``0x`` hex."""
     text = loader.construct_scalar(node)
-    too_long = ValueError(f"Exceeds the limit ({MAX_INT_DIGITS} digits) for integer string "
-                          "conversion")  # named on load; whatever this process's own limit
-    if not text.startswith(("0o", "0x")):
-        if len(text.lstrip("+-")) > MAX_INT_DIGITS:
-            raise too_long
+    if text.startswith(("0o", "0x")):
+        value = int(text[2:], 8 if text[1] == "o" else 16)
+        if value.bit_length() <= MAX_INT_DIGITS * 10 // 3:  # as many digits, about
+            return value
+    elif len(text.lstrip("+-")) <= MAX_INT_DIGITS:
         return int(text, 10)
-    value = int(text[2:], 8 if text[1] == "o" else 16)
-    if value.bit_length() > MAX_INT_DIGITS * 10 // 3:  # as many digits, about
-        raise too_long
-    return value
+    raise ValueError(f"Exceeds the limit ({MAX_INT_DIGITS} digits) for integer string "
+                     "conversion")  # named on load; whatever this process's own limit
 
 
 _JSONLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)

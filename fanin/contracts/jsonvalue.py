@@ -27,10 +27,11 @@ from typing import Any
 
 import orjson
 
-__all__ = ["MAX_DEPTH", "MAX_INT_DIGITS", "JSONRefused", "canonical", "encode_str", "loads",
-           "loads_strict"]
+__all__ = ["JSON_WHITESPACE", "MAX_DEPTH", "MAX_INT_DIGITS", "JSONRefused", "canonical",
+           "encode_str", "loads", "loads_strict"]
 
 MAX_DEPTH = 64
+JSON_WHITESPACE = " \t\n\r"  # what JSON allows between tokens (RFC 8259), and nothing else
 
 
 class JSONRefused(ValueError):
@@ -121,7 +122,7 @@ def _classes() -> bytes:
     themselves, every other byte "."."""
     table = bytearray(b"." * 256)
     table[ord("0"):ord("9") + 1] = b"9" * 10
-    for byte in b" \t\n\r":
+    for byte in JSON_WHITESPACE.encode():
         table[byte] = ord(" ")
     for byte in b'\\:{["':
         table[byte] = byte

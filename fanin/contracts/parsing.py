@@ -25,7 +25,7 @@ import orjson
 from pydantic import ValidationError
 
 from fanin.contracts import records as R
-from fanin.contracts.jsonvalue import JSONRefused, canonical, encode_str, loads
+from fanin.contracts.jsonvalue import JSON_WHITESPACE, JSONRefused, canonical, encode_str, loads
 from fanin.contracts.messages import MAX_ATTEMPT, OpenMessage, ReceiptMessage
 from fanin.contracts.timefmt import duration_ms, format_ms, parse_rfc3339
 
@@ -78,7 +78,7 @@ def dead_letter(error: str, detail: str, raw: str | bytes, source: Source
 def _json_refusal(text: str, exc: JSONRefused) -> str:
     """The reason of an ``invalid_json`` dead letter, naming the two cases the decoder's own
     words ("Expecting value: line 1 column 1") leave unclear."""
-    if not text.strip(" \t\r\n"):  # JSON's white space
+    if not text.strip(JSON_WHITESPACE):
         return "an empty message" if not text else "only white space"
     if text.startswith("\ufeff"):
         return f"starts with a byte order mark (U+FEFF), which is not JSON: {exc}"

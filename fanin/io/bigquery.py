@@ -30,6 +30,7 @@ from apache_beam.io.gcp.bigquery_tools import RetryStrategy
 from apache_beam.pvalue import PCollection, PDone
 
 from fanin.contracts.tables import bigquery_schema, to_bigquery_row
+from fanin.io.credentials import require_google_credentials
 
 __all__ = ["WriteOutputTable", "check_credentials", "validate_dataset", "write_method"]
 
@@ -46,15 +47,7 @@ def validate_dataset(dataset: str) -> str:
 def check_credentials() -> None:
     """Raise ``ValueError`` (one line) when there are no Google credentials to reach BigQuery
     with: Beam would retry its first BigQuery call with tracebacks, then fail the job."""
-    import google.auth
-    from google.auth.exceptions import DefaultCredentialsError
-
-    try:
-        google.auth.default()
-    except DefaultCredentialsError:
-        raise ValueError("--bigquery-dataset: no Google credentials to reach BigQuery: set up "
-                         "Application Default Credentials (gcloud auth application-default "
-                         "login, or GOOGLE_APPLICATION_CREDENTIALS)") from None
+    require_google_credentials("--bigquery-dataset", "BigQuery")
 
 
 def write_method(streaming: bool) -> str:

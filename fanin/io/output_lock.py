@@ -97,23 +97,22 @@ def check_not_busy(output: str) -> None:
 class OutputLock:
     """The lock of one run on one local output folder (see the module docstring)."""
 
-    def __init__(self, path: str, fd: int, found: bool, continues: bool = False,
-                 lost_before: bool = False) -> None:
+    def __init__(self, path: str, fd: int, found: bool, kept: bool = False) -> None:
         self._path, self._fd, self._found = path, fd, found
-        self._kept = continues and lost_before
+        self._kept = kept  # finish keeps the mark: an earlier subscription run's loss stands
         self.changed = False
         """Whether the run changed the folder before it wrote (``--overwrite`` emptied it)."""
-        self.overwrite = False
-        """Whether the run was asked to replace the folder's outputs (``--overwrite``)."""
 
     def mark_changed(self) -> None:
         self.changed = True
 
     @classmethod
-    def acquire(cls, output: str, continues: bool = False) -> OutputLock:
+    def acquire(cls, output: str, continues: bool = False, overwrite: bool = False
+                ) -> OutputLock:
         """Create ``output`` if needed and lock it for this run; ``FolderBusy`` if another run
         holds it. ``continues``: the run adds to an earlier run's files (a subscription's next
-        run), which the mark says to a reader."""
+        run), which the mark says to a reader; ``overwrite``: it replaces them
+        (``--overwrite``)."""
         os.makedirs(output, exist_ok=True)
         path = os.path.join(output, MARK)
         found = os.path.exists(path)
@@ -137,7 +136,7 @@ class OutputLock:
                     os.ftruncate(fd, 0)
                     os.write(fd, json.dumps({"pid": os.getpid(), "started": time.time(),
                                              "continues": continues}).encode() + b"\n")
-                    return cls(path, fd, found, continues, lost)
+                    return cls(path, fd, found, continues and lost and not overwrite)
             except BaseException:
                 os.close(fd)
                 raise
@@ -146,7 +145,7 @@ class OutputLock:
     def finish(self) -> None:
         """All outputs written: delete the mark (keep it, saying why, when this run continued
         an unfinished run's folder), let the lock go."""
-        if self._kept and not (self.changed or self.overwrite) and self._fd >= 0:
+        if self._kept and not self.changed and self._fd >= 0:
             os.ftruncate(self._fd, 0)
             os.pwrite(self._fd, json.dumps({"pid": os.getpid(), "finished": time.time(),
                                             "continues": True,

@@ -153,8 +153,13 @@ class RunConfig:
             raise ConfigError(str(error)) from None
 
     @property
+    def reads_pubsub(self) -> bool:
+        """A subscription's or a topic's run: its files join an earlier run's in ``output``."""
+        return bool(self.subscription or self.topic)
+
+    @property
     def streaming(self) -> bool:
-        return self.replay or bool(self.subscription or self.topic)
+        return self.replay or self.reads_pubsub
 
 
 def choose_runner(config: RunConfig, options: PipelineOptions) -> str:
@@ -259,17 +264,14 @@ def replay_of(lines: Iterable[tuple[bytes, Source]], catalog: Catalog,
         _LOG.warning(
             "fanin: --replay: the stream splits into %d events (no line lags the file's latest "
             "event time: lines of a join_id used again after its join's tombstone ended, or "
-            "lines after a timer of their join may be due), each a round of the local "
-            "runner's bundles over the joins it holds, so this replay is slow (0.1 s or more "
-            "per event)", replay.events)
+            "lines after a timer of their join may be due), " + _SLOW_EVENTS, replay.events)
     elif replay.events > _SLOW_REPLAY_EVENTS:
         _LOG.warning(
             "fanin: --replay: %d lines lag the file's latest event time by more than "
             "--max-disorder-s %g (by up to %.0f s): they arrive behind the watermark (late if "
             "their join has closed, a fresh join if its tombstone is gone: docs/spec.md §4) "
-            "and split the stream into %d events, each a round of the "
-            "local runner's bundles over the joins it holds, so this replay is slow (0.1 s or "
-            "more per event); --max-disorder-s %.0f covers this file's disorder",
+            "and split the stream into %d events, " + _SLOW_EVENTS + "; --max-disorder-s %.0f "
+            "covers this file's disorder",
             replay.behind, max_disorder_s, replay.largest_lag_ms / 1000, replay.events,
             math.ceil(replay.largest_lag_ms / 1000))
     return replay
@@ -278,6 +280,8 @@ def replay_of(lines: Iterable[tuple[bytes, Source]], catalog: Catalog,
 # A replay of more events than this is slow (each costs the local runner a round of bundles:
 # 0.1-0.3 s with 10,000 joins held, measured): worth a warning
 _SLOW_REPLAY_EVENTS = 1_000
+_SLOW_EVENTS = ("each a round of the local runner's bundles over the joins it holds, so this "
+                "replay is slow (0.1 s or more per event)")
 
 
 def build(p: beam.Pipeline, config: RunConfig, catalog: Catalog,
@@ -361,7 +365,7 @@ def _prepare_output(output: str, overwrite: bool, inputs: Sequence[str] = (),
     ``--overwrite`` of a folder that holds one of the run's ``inputs`` (it would delete the
     input before reading it) or that this user cannot empty (a folder in it not writable):
     nothing is deleted then. ``on_replace`` is called once, before the first deletion."""
-    folders = [os.path.join(output, kind) for kind in (CLOSES, LATE, DEAD_LETTER)]
+    folders = _output_folders(output)
     for folder in folders:
         real = os.path.realpath(folder)
         for path in inputs:
@@ -432,9 +436,13 @@ def _check_output_early(config: RunConfig) -> None:
         ancestor = os.path.dirname(ancestor)
     if not os.path.isdir(ancestor):
         raise ConfigError(f"--output: {ancestor} is a file, not a folder")
-    _checked_folders(config.output, [os.path.join(config.output, kind)
-                                     for kind in (CLOSES, LATE, DEAD_LETTER)],
-                     config.overwrite, bool(config.subscription or config.topic))
+    _checked_folders(config.output, _output_folders(config.output), config.overwrite,
+                     config.reads_pubsub)
+
+
+def _output_folders(output: str) -> list[str]:
+    """The three output folders of ``output``."""
+    return [os.path.join(output, kind) for kind in (CLOSES, LATE, DEAD_LETTER)]
 
 
 def _writable(folder: str) -> bool:
@@ -614,7 +622,7 @@ def run_pipeline(config: RunConfig, beam_args: Sequence[str],
     if "://" not in config.output:
         _check_output_early(config)  # before the build logs (a replay's plan, file names)
     p = beam.Pipeline(runner=runner_instance, options=options)
-    drain = Drain() if config.subscription or config.topic else None
+    drain = Drain() if config.reads_pubsub else None
     build(p, config, catalog, drain)  # a missing input is reported here, before anything is written
     lock = _locked_output(config) if "://" not in config.output else None
     before = _files_in(config.output) if lock is not None else frozenset()
@@ -641,7 +649,7 @@ def run_pipeline(config: RunConfig, beam_args: Sequence[str],
         raise
     if lock is not None:
         lock.finish()
-    if config.subscription or config.topic:
+    if config.reads_pubsub:
         from fanin.io.pubsub import report_stale
 
         report_stale()  # what the read counted since its last warning
@@ -671,9 +679,8 @@ def _stopped(exc: BaseException, result: beam.runners.runner.PipelineResult | No
 
 def _files_in(output: str) -> frozenset[str]:
     """Every file in the output folders of ``output`` (temporary ones too)."""
-    return frozenset(os.path.join(root, name) for kind in (CLOSES, LATE, DEAD_LETTER)
-                     for root, _, names in os.walk(os.path.join(output, kind))
-                     for name in names)
+    return frozenset(os.path.join(root, name) for folder in _output_folders(output)
+                     for root, _, names in os.walk(folder) for name in names)
 
 
 def _locked_output(config: RunConfig) -> OutputLock:
@@ -681,10 +688,9 @@ def _locked_output(config: RunConfig) -> OutputLock:
     (``_prepare_output``): a run refused there leaves the folder as it was."""
     if os.path.exists(config.output) and not os.path.isdir(config.output):
         raise ConfigError(f"--output: {config.output} is a file, not a folder")
-    continues = bool(config.subscription or config.topic)
+    continues = config.reads_pubsub
     try:
-        lock = OutputLock.acquire(config.output, continues)
-        lock.overwrite = config.overwrite
+        lock = OutputLock.acquire(config.output, continues, config.overwrite)
     except OSError as exc:  # e.g. a read-only file system, a folder not ours
         raise ConfigError(f"--output: cannot create or lock {config.output}: "
                           f"{exc.strerror or exc}") from None

@@ -310,7 +310,7 @@ def dry_run(config: RunConfig, beam_args: Sequence[str], out_path: str) -> DryRu
     report's ``problems``.
     """
     config.validate()
-    if not (config.subscription or config.topic):
+    if not config.reads_pubsub:
         for path in config.inputs:
             _local("--input", path)
     if config.contracts_path:

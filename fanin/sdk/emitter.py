@@ -124,6 +124,10 @@ def _add_note(exc: BaseException, note: str) -> None:
             exc.__notes__ = [*getattr(exc, "__notes__", ()), note]
 
 
+_UNSENDABLE = (TypeError, MessageRefused, ClockError)
+"""Why a receipt could not be made: its value is not JSON, the parser refuses it, the clock
+answered no time."""
+
 _PROBE_EVENT_TIME = "1970-01-01T00:00:00.000Z"
 """Stands for a receipt's event time in ``check_reportable`` (the length of any before 10000)."""
 _PROBE_MESSAGE_ID = "0" * 32
@@ -365,7 +369,7 @@ class Receipt:
             (which the caller sees, unchanged otherwise)."""
             try:
                 report(status, error=error)
-            except (TypeError, MessageRefused, ClockError) as refused:
+            except _UNSENDABLE as refused:
                 _add_note(failure, f"fanin.sdk: no receipt was sent for branch "
                                    f"{self.branch!r} of join {self.ctx.join_id!r}: {refused}")
 
@@ -378,6 +382,6 @@ class Receipt:
         else:
             try:
                 report("ok", value=self.value)
-            except (TypeError, MessageRefused, ClockError) as failure:
+            except _UNSENDABLE as failure:
                 report_failure(failure, "error", str(failure))
                 raise

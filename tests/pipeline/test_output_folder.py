@@ -175,9 +175,8 @@ def test_a_subscriptions_next_run_keeps_the_mark_of_the_messages_lost_before_it(
     OutputLock.acquire(folder, continues=True).finish()  # a subscription's run: nothing lost
     assert folder_state(folder) is None
     OutputLock.acquire(folder, continues=True).release()
-    overwritten = OutputLock.acquire(folder, continues=True)
-    overwritten.overwrite = True  # --overwrite of a folder whose files were deleted by hand
-    overwritten.finish()
+    # --overwrite of a folder whose files were deleted by hand
+    OutputLock.acquire(folder, continues=True, overwrite=True).finish()
     assert folder_state(folder) is None
 
 
