@@ -1,7 +1,7 @@
 """The streaming floor, as a whole program: what ``fanin run --replay`` is measured against on
 each runner (``bench/pipeline.py``, part ``headline``).
 
-Fanin's replay of a file (``replay_of``, no disorder) and its parse (``ParseMessages``),
+Fanin's replay of a file (``replay_of``, no disorder; it parses the lines as it reads them),
 then the least stateful join there is: per join_id a bag of its records and one event-time
 timer 30 s after its latest message, which counts the bag and clears it. No closing decision,
 no late or dead-letter handling, no output files: the difference to ``fanin run --replay`` is
@@ -33,7 +33,6 @@ from fanin.contracts.catalog import Catalog, load_contracts
 from fanin.pipelines.collector import collector_for_run
 from fanin.pipelines.pipeline import replay_of
 from fanin.runners.toolchain import with_local_job_server
-from fanin.transforms.parse import ParseMessages
 from fanin.transforms.read import numbered_lines
 
 __all__ = ["FloorStateFn", "floor_replay"]
@@ -65,8 +64,7 @@ class FloorStateFn(beam.DoFn):
 
 def floor_replay(p: beam.Pipeline, path: str, catalog: Catalog) -> beam.PCollection:
     """Adds the floor to ``p``: the replay of ``path``, its parse, the bag-and-timer join."""
-    raw = p | "Read" >> replay_of(numbered_lines(path), catalog, 0.0)
-    records = (raw | "Parse" >> ParseMessages(frozenset(catalog.contracts))).records
+    records = (p | "Read" >> replay_of(numbered_lines(path), catalog, 0.0)).records
     return records | "State" >> beam.ParDo(FloorStateFn()).with_input_types(tuple[str, tuple])
 
 

@@ -81,7 +81,6 @@ from fanin.fleet.simulate import CONTRACTS_PATH, write_simulation
 from fanin.pipelines.pipeline import RunConfig, build, replay_of, run_pipeline
 from fanin.runners.toolchain import with_local_job_server
 from fanin.transforms.join import JoinDoFn, JoinRecords
-from fanin.transforms.parse import ParseMessages
 from fanin.transforms.read import numbered_lines
 from fanin.transforms.write import WriteOutput
 
@@ -438,8 +437,7 @@ def _replayed(p: beam.Pipeline, path: str, catalog: Catalog) -> tuple[Any, int]:
     """The replay read and parse every streaming variant shares (``ParseMessages`` outputs),
     and the replay's ``end_ms`` (the join's ``input_end_ms``), as ``fanin run --replay``."""
     replay = replay_of(numbered_lines(path), catalog, 0.0)
-    raw = p | "Read" >> replay
-    return raw | "Parse" >> ParseMessages(frozenset(catalog.contracts)), replay.end_ms
+    return p | "Read" >> replay, replay.end_ms
 
 
 def _floor_replay(path: str) -> beam.Pipeline:

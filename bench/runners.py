@@ -34,7 +34,7 @@ from fanin.contracts.catalog import load_contracts  # noqa: E402
 from fanin.contracts.parsing import DEFAULT_MAX_BYTES  # noqa: E402
 from fanin.runners.flink_cluster import Cluster, start, stop  # noqa: E402
 from fanin.transforms.read import numbered_lines  # noqa: E402
-from fanin.transforms.replay import covering_disorder_s, message_scan  # noqa: E402
+from fanin.transforms.replay import MessageScan, covering_disorder_s  # noqa: E402
 
 RUNNERS = {
     "fnapi": {"bounded": ["--runner=FnApiRunner"],
@@ -51,7 +51,7 @@ MODES = {"bounded": [], "replay": ["--replay", "--close-trigger", "watermark"]}
 def on_time_disorder_s(path: Path) -> float:
     """The smallest whole ``--max-disorder-s`` that puts no message behind the replay's
     watermark (data behind it is counted late or not depending on the runner: docs/runners.md)."""
-    scan = message_scan(frozenset(load_contracts(str(ROOT / "fanin/examples/contracts.yaml"))),
+    scan = MessageScan(frozenset(load_contracts(str(ROOT / "fanin/examples/contracts.yaml"))),
                         DEFAULT_MAX_BYTES)
     return covering_disorder_s(numbered_lines(str(path)), scan)
 

@@ -52,7 +52,7 @@ from fanin.pipelines.collector import collector_for_run
 from fanin.transforms.join import DEFAULT_MAX_BYTES_PER_JOIN, JoinRecords
 from fanin.transforms.parse import KeyMessages, ParseMessages
 from fanin.transforms.read import ReadNumberedLines, Source, expand_inputs, numbered_lines
-from fanin.transforms.replay import Replay, build_replay, by_event_time, message_scan
+from fanin.transforms.replay import MessageScan, Replay, build_replay, by_event_time
 from fanin.transforms.write import (
     BY_COUNT,
     BY_COUNT_OR_TIME,
@@ -251,14 +251,15 @@ def replay_retention_floor_ms(catalog: Catalog) -> int:
 
 def replay_of(lines: Iterable[tuple[bytes, Source]], catalog: Catalog,
               max_disorder_s: float, max_bytes: int = DEFAULT_MAX_BYTES) -> Replay:
-    """The replay a streaming run from files reads, its lines scanned as the join parses them
-    (``message_scan``: a dead letter moves no watermark). Its watermark moves for a join's line
-    only when a timer of that join may be due (``replay_retention_floor_ms``), and its last
-    advance passes every deadline, not every tombstone: the join sets no timer for a
-    tombstone that outlives the input (``JoinRecords``' ``input_end_ms`` = ``Replay.end_ms``).
+    """The replay a streaming run from files reads and parses (``ParseMessages``' outputs),
+    its lines scanned as the join parses them (``MessageScan``: a dead letter moves no
+    watermark). Its watermark moves for a join's line only when a timer of that join may be
+    due (``replay_retention_floor_ms``), and its last advance passes every deadline, not every
+    tombstone: the join sets no timer for a tombstone that outlives the input
+    (``JoinRecords``' ``input_end_ms`` = ``Replay.end_ms``).
     """
     replay = build_replay(lines, max_disorder_s, _longest_deadline_ms(catalog) + 1,
-                          message_scan(frozenset(catalog.contracts), max_bytes),
+                          MessageScan(frozenset(catalog.contracts), max_bytes),
                           replay_retention_floor_ms(catalog))
     if replay.events > _SLOW_REPLAY_EVENTS and not replay.behind:
         _LOG.warning(
@@ -293,23 +294,25 @@ def build(p: beam.Pipeline, config: RunConfig, catalog: Catalog,
     if config.replay:
         paths = expand_inputs(config.inputs)
         lines = by_event_time([numbered_lines(path) for path in paths],
-                              message_scan(frozenset(catalog.contracts), config.max_bytes))
+                              MessageScan(frozenset(catalog.contracts), config.max_bytes))
         replay = replay_of(lines, catalog, config.max_disorder_s, config.max_bytes)
-        raw = p | "Read" >> replay
+        # the replay parses each line as it reads it (ParseMessages' outputs; see Replay)
+        parsed = p | "Read" >> replay
         input_end_ms: int | None = replay.end_ms
-    elif config.inputs:
-        raw = p | "Read" >> ReadNumberedLines(expand_inputs(config.inputs))
-        input_end_ms = None
     else:
-        from fanin.io.pubsub import ReadMessages
+        if config.inputs:
+            raw = p | "Read" >> ReadNumberedLines(expand_inputs(config.inputs))
+        else:
+            from fanin.io.pubsub import ReadMessages
 
-        raw = p | "Read" >> ReadMessages(subscription=config.subscription, topic=config.topic,
-                                         id_label=config.id_label, drain=drain,
-                                         stale_after_ms=replay_horizon_ms(catalog))
+            raw = p | "Read" >> ReadMessages(
+                subscription=config.subscription, topic=config.topic, id_label=config.id_label,
+                drain=drain, stale_after_ms=replay_horizon_ms(catalog))
         input_end_ms = None
-    # the bounded plan shuffles raw messages and parses them after the shuffle (KeyMessages)
-    parse = ParseMessages if config.streaming else KeyMessages
-    parsed = raw | "Parse" >> parse(frozenset(catalog.contracts), config.max_bytes)
+        # the bounded plan shuffles raw messages and parses them after the shuffle
+        # (KeyMessages)
+        parse = ParseMessages if config.streaming else KeyMessages
+        parsed = raw | "Parse" >> parse(frozenset(catalog.contracts), config.max_bytes)
     joined = parsed.records | "Join" >> JoinRecords(catalog, config.streaming,
                                                     config.max_messages_per_join,
                                                     config.max_bytes_per_join,

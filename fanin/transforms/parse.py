@@ -3,7 +3,9 @@
 
 Guarantees:
 - ``ParseMessages``: every input element ``(data, source)`` leaves as exactly one element:
-  either ``(join_id, record)`` on the main output or one dead-letter dict on ``DEAD_LETTER``.
+  either ``(join_id, record)`` on the main output or one dead-letter dict on ``DEAD_LETTER``
+  (``ParseFn``; a replay's stream parses its lines with it as it reads them,
+  ``fanin.transforms.replay``).
 - ``KeyMessages`` (the bounded plan, global window): every input element ``(line bytes,
   (path, line number))`` (``ReadNumberedLines``) leaves exactly once: packed with its source
   (``PackedMessages``, which gives both back exactly) into a ``(join_id, packed messages)``
@@ -35,7 +37,11 @@ from fanin.contracts import records as R
 from fanin.contracts.parsing import DEFAULT_MAX_BYTES, parse_message, read_join_id
 from fanin.core.outcomes import DEAD_LETTER
 
-__all__ = ["DEAD_LETTER", "KeyMessages", "PackedMessages", "ParseMessages"]
+__all__ = ["DEAD_LETTER", "RECORD_TYPE", "KeyMessages", "PackedMessages", "ParseFn",
+           "ParseMessages"]
+
+# ``(join_id, record)``: the main output of ``ParseMessages`` (Beam infers its coder from it)
+RECORD_TYPE = tuple[str, tuple[Any, ...]]
 
 _LOG = logging.getLogger(__name__)
 _PROGRESS_EVERY = 100_000
@@ -63,23 +69,27 @@ class _Reading(beam.DoFn):
             _LOG.info("fanin: %d messages read by this worker", self._seen)
 
 
-class _ParseFn(_Reading):
-    """``(data, source)`` -> ``(join_id, record)`` or a tagged dead letter."""
+class ParseFn(_Reading):
+    """``(data, source)`` -> ``(join_id, record)`` or a tagged dead letter (``parsed``)."""
 
     def __init__(self, contract_names: frozenset[str], max_bytes: int) -> None:
         super().__init__(contract_names, max_bytes)
         self._parsed = Metrics.counter("fanin", "messages.parsed")
         self._bundle_parsed = 0
 
-    def process(self, element: tuple[bytes | str, Any]) -> Iterator[Any]:
-        data, source = element
+    def parsed(self, data: bytes | str, source: Any) -> Any:
+        """One message's element: ``(join_id, record)``, or its dead letter tagged
+        ``DEAD_LETTER``; counted either way (for another DoFn that reads messages itself:
+        ``fanin.transforms.replay``)."""
         self._note_read()
         record, dead = parse_message(data, source, self._contracts, self._max_bytes)
         if record is not None:
             self._bundle_parsed += 1
-            yield record[R.JOIN_ID], record
-        else:
-            yield _dead_letter(dead)
+            return record[R.JOIN_ID], record
+        return _dead_letter(dead)
+
+    def process(self, element: tuple[bytes | str, Any]) -> Iterator[Any]:
+        yield self.parsed(*element)
 
     def start_bundle(self) -> None:
         self._bundle_parsed = 0
@@ -203,8 +213,8 @@ class ParseMessages(beam.PTransform[PCollection[Any], pvalue.DoOutputsTuple]):
 
     # the step's label, its DoFn, and its main output's type (which gives the coder)
     _step: str = "Validate"
-    _fn: type[_Reading] = _ParseFn
-    _keyed: Any = tuple[str, tuple[Any, ...]]
+    _fn: type[_Reading] = ParseFn
+    _keyed: Any = RECORD_TYPE
 
     def __init__(self, contract_names: frozenset[str], max_bytes: int = DEFAULT_MAX_BYTES) -> None:
         super().__init__()

@@ -3,7 +3,7 @@
 Guarantees:
 - Lines are delivered in file order (file order = arrival order), each stamped with its event
   time (an open's ``opened_at``, a receipt's ``event_time``); a line the join does not take (a
-  dead letter of the parse, ``message_scan``: it has no event time, even one that can be read)
+  dead letter of the parse, ``MessageScan``: it has no event time, even one that can be read)
   is stamped with the current watermark, so it is never dropped as late by the source and
   moves no watermark: a refused message with a far-future time does not make the messages
   after it late.
@@ -34,14 +34,19 @@ Guarantees:
   inside the stream; no output depends on its expiry (no line comes after it), and the join
   is told ``end_ms`` so that it sets no timer for it (``JoinDoFn``'s ``input_end_ms``).
 - The stream itself carries no line text: each of its elements is a run of consecutive lines
-  of one file ``(path, (index of the first, event times))``, and the ``Lines`` step reads the
-  lines from the file (as a bounded run's read does, in the worker) and emits each with its
-  event time. Embedding every line in the TestStream made the job's construction cost grow
-  with the input (the stream is pickled and compressed with the pipeline: 3.5 s for 20,811
-  lines). A file changed between the launch and the read fails the run with a clear error.
-- The stream and its output use portable coders (``KV<string, KV<varint, bytes>>`` and
-  ``KV<bytes, KV<string, varint>>``): a Java runner (Flink) decodes the TestStream payload
-  itself, so a Python-only (pickled) coder would fail there (docs/runners.md).
+  of one file ``(path, (index of the first, event times))``, and the ``Parse`` step reads the
+  lines from the file (as a bounded run's read does, in the worker), parses each as
+  ``ParseMessages`` does (``ParseFn``, with the settings of the plan's ``MessageScan``) and
+  emits its element with the line's event time: ``(join_id, record)`` on the main output
+  ``records``, or its dead letter on ``DEAD_LETTER``. Embedding every line in the TestStream
+  made the job's construction cost grow with the input (the stream is pickled and compressed
+  with the pipeline: 3.5 s for 20,811 lines). A file changed between the launch and the read
+  fails the run with a clear error. Reading and parsing are one step because the local
+  streaming runner does not fuse steps: every element a step emits is committed and handed
+  to the next one, which cost ~10 % of a replay of 206,728 lines (docs/performance.md).
+- The stream uses a portable coder (``KV<string, KV<varint, bytes>>``): a Java runner
+  (Flink) decodes the TestStream payload itself, so a Python-only (pickled) coder would fail
+  there (docs/runners.md).
 """
 
 from __future__ import annotations
@@ -51,13 +56,14 @@ import heapq
 import json
 import uuid
 from array import array
-from collections.abc import Callable, Container, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import apache_beam as beam
 import orjson
+from apache_beam import pvalue
 from apache_beam.coders import BytesCoder, StrUtf8Coder, TupleCoder, VarIntCoder
-from apache_beam.pvalue import PBegin, PCollection
+from apache_beam.pvalue import PBegin, TaggedOutput
 from apache_beam.testing.test_stream import TestStream
 from apache_beam.transforms.window import TimestampedValue
 from apache_beam.utils.timestamp import Timestamp
@@ -65,9 +71,11 @@ from apache_beam.utils.timestamp import Timestamp
 from fanin.contracts import records as R
 from fanin.contracts.parsing import parse_message
 from fanin.contracts.timefmt import MAX_MS, duration_ms, parse_rfc3339
+from fanin.core.outcomes import DEAD_LETTER
+from fanin.transforms.parse import RECORD_TYPE, ParseFn
 from fanin.transforms.read import Source, numbered_lines
 
-__all__ = ["Replay", "Scan", "build_replay", "by_event_time", "covering_disorder_s", "message_scan",
+__all__ = ["MessageScan", "Replay", "Scan", "build_replay", "by_event_time", "covering_disorder_s",
            "scan_line"]
 
 
@@ -107,17 +115,22 @@ def _scan(line: bytes) -> tuple[int | None, int, str | None, int | None]:
 Scan = Callable[[bytes], tuple[int | None, int, str | None, int | None]]
 
 
-def message_scan(contracts: Container[str], max_bytes: int) -> Scan:
+class MessageScan:
     """The scan of a replay's lines as the join reads them (``parse_message`` with the run's
-    contracts and size limit): a line it refuses is ``(None, 0, None, None)``."""
-    def scan(line: bytes) -> tuple[int | None, int, str | None, int | None]:
-        record, _ = parse_message(line, ("", 0), contracts, max_bytes)
+    contract names and size limit, which the replay's stream parses its lines with): a line
+    it refuses is ``(None, 0, None, None)``."""
+
+    def __init__(self, contracts: Iterable[str], max_bytes: int) -> None:
+        self.contracts = frozenset(contracts)
+        self.max_bytes = max_bytes
+
+    def __call__(self, line: bytes) -> tuple[int | None, int, str | None, int | None]:
+        record, _ = parse_message(line, ("", 0), self.contracts, self.max_bytes)
         if record is None:
             return None, 0, None, None
         if record[R.KIND] == R.OPEN:
             return record[R.TIME], record[R.O_DEADLINE_MS] or 0, record[R.JOIN_ID], None
         return record[R.TIME], 0, record[R.JOIN_ID], record[R.R_OPENED_AT]
-    return scan
 
 
 def covering_disorder_s(lines: Iterable[tuple[bytes, Source]], scan: Scan) -> float:
@@ -137,14 +150,11 @@ def covering_disorder_s(lines: Iterable[tuple[bytes, Source]], scan: Scan) -> fl
 def scan_line(line: bytes) -> tuple[int | None, int]:
     """Best-effort ``(event time ms or None, open's deadline ms or 0)`` of a raw line, also of
     one the parse refuses (to sort a file by event time); a replay scans with
-    ``message_scan``."""
+    ``MessageScan``."""
     t, deadline, _, _ = _scan(line)
     return t, deadline
 
 
-# (line, (path, line number)): every component a standard coder Java runners know
-ELEMENT_CODER = TupleCoder([BytesCoder(), TupleCoder([StrUtf8Coder(), VarIntCoder()])])
-ELEMENT_TYPE = tuple[bytes, tuple[str, int]]  # Beam infers the coder from it
 # (path, (index of the run's first line among the file's messages, event times as int64s))
 RUN_CODER = TupleCoder([StrUtf8Coder(), TupleCoder([VarIntCoder(), BytesCoder()])])
 RUN_TYPE = tuple[str, tuple[int, bytes]]
@@ -211,16 +221,23 @@ def _file_lines(path: str, token: str) -> list[tuple[bytes, Source]]:
     return lines
 
 
-class _ExpandRuns(beam.DoFn):
-    """A run ``(path, (first, event times))`` -> its lines ``(line, (path, number))``, each
-    with its event time."""
+class _ParseRuns(beam.DoFn):
+    """A run ``(path, (first, event times))`` -> each of its lines ``(line, (path, number))``
+    parsed (``ParseFn.parsed``: ``(join_id, record)`` or a tagged dead letter), with the
+    line's event time."""
 
-    def __init__(self, counts: dict[str, int], token: str) -> None:
+    def __init__(self, counts: dict[str, int], token: str, scan: MessageScan) -> None:
         self._counts = counts
         self._token = token
+        self._parse = ParseFn(scan.contracts, scan.max_bytes)
 
-    def process(self, run: tuple[str, tuple[int, bytes]]
-                ) -> Iterator[TimestampedValue[tuple[bytes, Source]]]:
+    def start_bundle(self) -> None:
+        self._parse.start_bundle()
+
+    def finish_bundle(self) -> None:
+        self._parse.finish_bundle()
+
+    def process(self, run: tuple[str, tuple[int, bytes]]) -> Iterator[Any]:
         path, (first, packed) = run
         lines = _file_lines(path, self._token)
         if len(lines) != self._counts[path]:
@@ -230,7 +247,11 @@ class _ExpandRuns(beam.DoFn):
         stamps = array("q")
         stamps.frombytes(packed)
         for offset, ms in enumerate(stamps):
-            yield TimestampedValue(lines[first + offset], _stamp(ms))
+            parsed = self._parse.parsed(*lines[first + offset])
+            if isinstance(parsed, TaggedOutput):
+                yield TaggedOutput(parsed.tag, TimestampedValue(parsed.value, _stamp(ms)))
+            else:
+                yield TimestampedValue(parsed, _stamp(ms))
         if first + len(stamps) == len(lines):  # its last run: a retry reads the file again
             _READ.get(self._token, {}).pop(path, None)
 
@@ -281,8 +302,10 @@ class _Events:
         self.events += 1
 
 
-class Replay(beam.PTransform[PBegin, PCollection[Any]]):
-    """Files replayed as a stream of ``(line, source)`` (see the module's guarantees).
+class Replay(beam.PTransform[PBegin, pvalue.DoOutputsTuple]):
+    """Files replayed as a stream, parsed: ``ParseMessages``' outputs, the main one
+    ``records`` of ``(join_id, record)``, dead letters on ``DEAD_LETTER`` (see the module's
+    guarantees).
 
     ``lines``: ``(line, (path, number))`` in arrival order, as ``numbered_lines`` yields them
     (the lines are read again from ``path`` in the worker); ``horizon_ms``: deadline room for
@@ -290,9 +313,9 @@ class Replay(beam.PTransform[PBegin, PCollection[Any]]):
     ``retention_floor_ms``: the least ``retention_s``
     any join can have, in ms (0 is always safe: the watermark then moves before every line of
     a join that has earlier lines and whose tombstone may have expired by the bound);
-    ``scan``: each line's event time, deadline, join id and carried ``opened_at``
-    (``message_scan`` for a run: a dead letter has none); ``batch``: the most lines between
-    two advances. Each advance costs the local runner a round of bundles through every
+    ``scan``: each line's event time, deadline, join id and carried ``opened_at`` (a dead
+    letter has none), and the settings the stream parses the lines with; ``batch``: the most
+    lines between two advances. Each advance costs the local runner a round of bundles through every
     transform, and its monitor re-reads every key's timers between bundles; fewer advances
     hold more joins open. On 206,728 sorted lines 50,000 was
     the fastest measured: 61 s and 505 MB peak, against 74 s / 412 MB at 20,000 and 69 s /
@@ -300,7 +323,7 @@ class Replay(beam.PTransform[PBegin, PCollection[Any]]):
     """
 
     def __init__(self, lines: Iterable[tuple[bytes, Source]], max_disorder_s: float,
-                 horizon_ms: int, scan: Scan, retention_floor_ms: int = 0,
+                 horizon_ms: int, scan: MessageScan, retention_floor_ms: int = 0,
                  batch: int = 50_000) -> None:
         super().__init__()
         self._counts: dict[str, int] = {}
@@ -314,6 +337,7 @@ class Replay(beam.PTransform[PBegin, PCollection[Any]]):
         """The stream's events before the jump to +infinity (each costs the local runner a
         round of bundles through every step, longer the more joins it holds; lines that lag
         more than ``max_disorder_s`` make an event each, nearly)."""
+        self._scan = scan
         self._stream, self.end_ms = self._plan(lines, int(max_disorder_s * 1000), horizon_ms,
                                                retention_floor_ms, batch, scan)
         """The last watermark before the jump to +infinity that ends the stream."""
@@ -369,15 +393,16 @@ class Replay(beam.PTransform[PBegin, PCollection[Any]]):
         self.events = out.events
         return out.stream.advance_watermark_to_infinity().with_output_types(RUN_TYPE), end
 
-    def expand(self, pbegin: PBegin) -> PCollection[Any]:
+    def expand(self, pbegin: PBegin) -> pvalue.DoOutputsTuple:
         return (pbegin
                 | "Stream" >> self._stream
-                | "Lines" >> beam.ParDo(_ExpandRuns(dict(self._counts), self._token))
-                .with_output_types(ELEMENT_TYPE))
+                | "Parse" >> beam.ParDo(_ParseRuns(dict(self._counts), self._token, self._scan))
+                .with_output_types(RECORD_TYPE).with_outputs(DEAD_LETTER,
+                                                                     main="records"))
 
 
 def build_replay(lines: Iterable[tuple[bytes, Source]], max_disorder_s: float,
-                 horizon_ms: int, scan: Scan, retention_floor_ms: int = 0,
+                 horizon_ms: int, scan: MessageScan, retention_floor_ms: int = 0,
                  batch: int = 50_000) -> Replay:
     """``Replay(...)``: the replay of ``lines`` (see ``Replay``)."""
     return Replay(lines, max_disorder_s, horizon_ms, scan, retention_floor_ms, batch)

@@ -17,6 +17,7 @@ from apache_beam.transforms.window import TimestampedValue
 from apache_beam.utils.timestamp import Timestamp
 from support.builders import make_catalog, open_msg, receipt
 
+from fanin.contracts import records as R
 from fanin.contracts.catalog import JoinDefaults
 from fanin.contracts.parsing import DEFAULT_MAX_BYTES
 from fanin.contracts.timefmt import format_ms, parse_rfc3339
@@ -25,12 +26,12 @@ from fanin.pipelines.pipeline import RunConfig, run_pipeline
 from fanin.transforms.join_streaming import JoinDoFn
 from fanin.transforms.parse import ParseMessages
 from fanin.transforms.read import numbered_lines
-from fanin.transforms.replay import Replay, by_event_time, covering_disorder_s, message_scan
+from fanin.transforms.replay import MessageScan, Replay, by_event_time, covering_disorder_s
 from tests.reliability.runs import read_jsonl, write_lines
 
 T0 = parse_rfc3339("2026-01-01T00:00:00Z")
 DAY_MS = 86_400_000
-SCAN = message_scan(frozenset(), DEFAULT_MAX_BYTES)  # the lines here name no contract
+SCAN = MessageScan(frozenset(), DEFAULT_MAX_BYTES)  # the lines here name no contract
 
 
 def _at(seconds: float) -> str:
@@ -174,6 +175,40 @@ def test_a_file_changed_while_replayed_fails_the_run(tmp_path: Path) -> None:
     with pytest.raises(Exception, match="changed while it was replayed"), beam.Pipeline(
             options=PipelineOptions(["--runner=BundleBasedDirectRunner", "--streaming"])) as p:
         _ = p | replay
+
+
+_SEEN: list[tuple[str, Any, int]] = []  # (output, element, timestamp in ms) seen by _seen
+
+
+def _seen(element: Any, output: str, stamp: Any = beam.DoFn.TimestampParam) -> None:
+    _SEEN.append((output, element, stamp.micros // 1000))
+
+
+def test_the_replay_parses_each_line_with_its_event_time(tmp_path: Path) -> None:
+    """The stream's lines leave parsed, as ``ParseMessages`` leaves them: records keyed by
+    join_id on ``records``, dead letters (with their source) on ``DEAD_LETTER``, each with
+    the line's event time (a dead letter's: the stream's watermark where it arrives)."""
+    lines = [_open("a", 0), "not json", _receipt("a", 2), _receipt("b", 3, "z"),
+             json.dumps({"join_id": "c", "branch": "x", "status": "ok", "event_time": _at(4),
+                         "contract": "nope"})]
+    path = write_lines(tmp_path / "in.jsonl", lines)
+    _SEEN.clear()
+    options = PipelineOptions(["--runner=BundleBasedDirectRunner", "--streaming"])
+    p = beam.Pipeline(options=options)
+    parsed = p | Replay(numbered_lines(str(path)), 0.0, DAY_MS, SCAN)
+    _ = parsed.records | "Records" >> beam.Map(_seen, "records")
+    _ = parsed[DEAD_LETTER] | "Dead" >> beam.Map(_seen, DEAD_LETTER)
+    p.run().wait_until_finish()
+    records = sorted((keyed[0], keyed[1][R.KIND], keyed[1][R.SOURCE][1], stamp)
+                     for output, keyed, stamp in _SEEN if output == "records")
+    assert records == [("a", R.OPEN, 1, T0), ("a", R.RECEIPT, 3, T0 + 2_000),
+                       ("b", R.RECEIPT, 4, T0 + 3_000)]
+    dead = sorted((obj["error"], obj["source"]["line"], stamp)
+                  for output, obj, stamp in _SEEN if output == DEAD_LETTER)
+    # a dead letter is stamped with the watermark where it arrives: at the first line none is
+    # set (the latest event time, 0 s); the receipt of "a" at 2 s moved it there (its join
+    # has an earlier line, retention floor 0), the first line of "b" did not
+    assert dead == [("invalid_json", 2, T0), ("unknown_contract", 5, T0 + 2_000)]
 
 
 def test_the_last_advance_passes_every_deadline_and_is_the_replays_end(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ from fanin.cli import main
 from fanin.contracts.catalog import load_contracts
 from fanin.contracts.parsing import DEFAULT_MAX_BYTES
 from fanin.transforms.read import numbered_lines
-from fanin.transforms.replay import by_event_time, covering_disorder_s, message_scan
+from fanin.transforms.replay import MessageScan, by_event_time, covering_disorder_s
 from tests.reliability.runs import KINDS, accounted, read_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,7 +45,7 @@ def on_time_disorder_s(files: list[str]) -> float:
     """The smallest whole ``--max-disorder-s`` with which a replay of ``files`` (in the order
     it reads them: each file's own, merged by event time) delivers no message behind the
     watermark."""
-    scan = message_scan(frozenset(load_contracts(str(CONTRACTS))), DEFAULT_MAX_BYTES)
+    scan = MessageScan(frozenset(load_contracts(str(CONTRACTS))), DEFAULT_MAX_BYTES)
     return covering_disorder_s(by_event_time([numbered_lines(path) for path in files], scan),
                                scan)
 
