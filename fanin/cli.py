@@ -109,9 +109,10 @@ def _add_run(subparsers: argparse._SubParsersAction[_Parser]) -> None:
     limits.add_argument("--window-s", type=float, default=None,
                         help="Pub/Sub runs only: longest wait (processing time, in seconds "
                         "rounded up, default 60, at most 86400) before pending outputs are "
-                        "written to a file (a replay writes every 10,000 lines instead)")
+                        "written to a file (a replay writes its files when it ends)")
     limits.add_argument("--shards", type=int, default=1,
-                        help="files per output (bounded), per write (streaming); 1 to 1000")
+                        help="files per output (bounded, replay), per write (Pub/Sub); "
+                        "1 to 1000")
     run.add_argument("--log-closes", action="store_true",
                      help="log one structured event per close (fanin.close logger; also "
                      "on Dataflow workers, one Cloud Logging entry per close)")
@@ -129,7 +130,7 @@ def _only_where_it_applies(args: argparse.Namespace) -> None:
         raise ValueError("--max-disorder-s applies to --replay only")
     if args.window_s is not None and args.input:
         raise ValueError("--window-s applies to Pub/Sub runs only (--subscription or --topic); "
-                    "a replay writes every 10,000 lines, a bounded run at its end")
+                    "a replay and a bounded run write their files when they end")
 
 
 def _run(args: argparse.Namespace, beam_args: Sequence[str]) -> int:

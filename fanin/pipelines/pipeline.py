@@ -54,7 +54,7 @@ from fanin.transforms.parse import KeyMessages, ParseMessages
 from fanin.transforms.read import ReadNumberedLines, Source, expand_inputs, numbered_lines
 from fanin.transforms.replay import MessageScan, Replay, build_replay, by_event_time
 from fanin.transforms.write import (
-    BY_COUNT,
+    AT_END,
     BY_COUNT_OR_TIME,
     BY_TIME,
     FORMATS,
@@ -202,9 +202,9 @@ def early_firing(config: RunConfig, runner: str) -> str:
     """When a streaming write's pending lines are written early (``fanin.transforms.write``)
     on the runner of class name ``runner``:
 
-    - a replay (a finite stream, read as fast as the runner goes): by count. A file every
-      ``pane_lines`` lines, the rest at the end; and Prism 2.77 panics on a processing-time
-      trigger of a finite stream.
+    - a replay (a finite stream, read as fast as the runner goes): never, its files are
+      written when it ends, as a bounded run's are (the cheapest write on the local runner;
+      and Prism 2.77 panics on a processing-time trigger of a finite stream).
     - a live stream on a runner whose triggers Beam's Python code executes (the local runner):
       by time. That code fires the processing-time branch of "count or time" once per run
       (apache/beam#21262), which kept a live run's closes out of its files until the drain;
@@ -213,7 +213,7 @@ def early_firing(config: RunConfig, runner: str) -> str:
       time, whichever comes first.
     """
     if config.replay:
-        return BY_COUNT
+        return AT_END
     return BY_TIME if runner in _PYTHON_TRIGGER_RUNNERS else BY_COUNT_OR_TIME
 
 

@@ -6,24 +6,30 @@ Guarantees:
   so a crash never leaves a half-written file that looks complete; a retried bundle rewrites
   the same name with the same content.
 - Lines within a file are sorted, so the same input gives byte-identical files.
-- Bounded: two phases, the way Beam's own file sinks write. Each bundle encodes its objects,
-  sorts them per shard and writes them to hidden temporary files
-  (``.<kind>-<run token>-s<shard>-<random>.tmp-lines``, never an output's suffix, written
-  like every output file): one per shard, or one per ``spill_chars`` characters of a shard's
-  lines, so a bundle holds at most that much of a shard in memory; a finalize step per shard
-  (shards in parallel) merges the shard's sorted temporary files into
-  ``<kind>-all-p0000-s<shard>`` (a single JSONL file is renamed into place; several are
-  merged as they are read, never held whole, unless Parquet is asked for) and then deletes
-  every temporary file of the run for that shard, also those of bundle attempts that failed.
+- Bounded, and a finite stream (a replay, ``AT_END``): two phases, the way Beam's own file
+  sinks write. Each bundle encodes its objects, sorts them per shard and writes them to
+  hidden temporary files (``.<kind>-<run token>-s<shard>-<random>.tmp-lines``, never an
+  output's suffix, written like every output file): one per shard, or one per
+  ``spill_chars`` characters of a shard's lines, so a bundle holds at most that much of a
+  shard in memory; a finalize step per shard (shards in parallel) merges the shard's sorted
+  temporary files into ``<kind>-<run>-p0000-s<shard>`` (``<run>``: ``all`` when bounded,
+  the job token of a stream; a single JSONL file is renamed into place; several are merged
+  as they are read, never held whole, unless Parquet is asked for) and then deletes every
+  temporary file of the run for that shard, also those of bundle attempts that failed.
   No output line crosses a shuffle. An output made by several steps (a tuple of
   PCollections) is spilled by each step where it is made, and only the temporary files'
   names are merged: FnApiRunner holds a ``Flatten`` of PCollections from different stages
   whole between the stages (a hot join's 900,000 dead letters: ~340 MiB).
 - Streaming: nothing is ever dropped by lateness, whatever the event times. Outputs are not
   windowed by event time: they stay in the global window (whose end is the end of time, so no
-  output is ever behind it) and a shard's pending lines are written as one file when the
-  early firing (``early``, below) says so, and the rest when the input ends (end of a replay,
-  drain). Each firing is a pane of the global window: the file is
+  output is ever behind it). A finite stream (``AT_END``) writes as a bounded run does, its
+  files complete when the stream ends: each bundle's lines go to temporary files as they are
+  made (no pending lines held in memory, and no line crosses the shuffle; on the local runner
+  every line that crosses a step costs a committed bundle's work: ~8 % of a replay of 206,728
+  lines, docs/performance.md), and the finalize merges at most ``MERGE_FAN_IN`` files at once
+  (a replay spills a file per bundle). A live stream writes a shard's pending lines as one file when
+  the early firing (``early``, below) says so, and the rest when the input ends (drain).
+  Each firing is a pane of the global window: the file is
   ``<kind>-<job token>-p<pane index>-s<shard>``.
   The pane index is assigned by the runner's GroupByKey and is part of its committed output,
   and the job token is fixed when the job is built (it travels in the pickled DoFn), so a
@@ -34,6 +40,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import functools
 import heapq
 import json
 import math
@@ -53,18 +60,22 @@ from apache_beam.utils.windowed_value import WindowedValue
 from fanin.core.outcomes import encode_line
 from fanin.io.files import atomic_move, atomic_write
 
-__all__ = ["BY_COUNT", "BY_COUNT_OR_TIME", "BY_TIME", "EARLY_FIRINGS", "FORMATS", "WriteOutput",
+__all__ = ["AT_END", "BY_COUNT_OR_TIME", "BY_TIME", "EARLY_FIRINGS", "FORMATS", "WriteOutput",
            "new_token"]
 
 FORMATS = ("jsonl", "parquet")
 # When a streaming write's pending lines of one shard are written (its early firing):
-BY_COUNT = "count"  # ``pane_lines`` of them are pending
+AT_END = "end"  # never before the input ends: a finite stream (a replay), written in two phases
 BY_TIME = "time"  # ``window_s`` seconds of processing time passed since the first of them
-BY_COUNT_OR_TIME = "count_or_time"  # whichever comes first
-EARLY_FIRINGS = (BY_COUNT, BY_TIME, BY_COUNT_OR_TIME)
+BY_COUNT_OR_TIME = "count_or_time"  # ``pane_lines`` of them are pending, or ``BY_TIME``
+EARLY_FIRINGS = (AT_END, BY_TIME, BY_COUNT_OR_TIME)
 # A bounded bundle writes a shard's pending lines as one sorted temporary file once they hold
 # this many characters (~16-40 MiB of Python strings per shard in memory, by line length)
 SPILL_CHARS = 16 * 1024 * 1024
+# The most temporary files one merge reads at once: a replay spills a file per bundle and
+# shard (thousands when it splits into thousands of events), and a process may hold only so
+# many open (often 1,024; 256 on macOS)
+MERGE_FAN_IN = 128
 
 
 def new_token() -> str:
@@ -124,7 +135,7 @@ class _WriteFiles(beam.DoFn):
 
 
 class _SpillBundles(beam.DoFn):
-    """Bounded, first phase: a bundle's lines, encoded and sorted per shard, go to temporary
+    """First phase: a bundle's lines, encoded and sorted per shard, go to temporary
     files, a shard's next file each time its pending lines reach ``spill_chars`` characters;
     outputs ``(shard, temporary path)`` for each file once the bundle's files are complete."""
 
@@ -169,8 +180,9 @@ class _SpillBundles(beam.DoFn):
 
 
 class _Finalize(beam.DoFn):
-    """Bounded, second phase: one shard's temporary files -> its output file set; then every
-    temporary file of the run for that shard (failed bundle attempts' too) is deleted.
+    """Second phase: one shard's temporary files -> its output file set (``run`` in its
+    name); then every temporary file of the run for that shard (failed bundle attempts' too)
+    is deleted.
 
     Safe to retry, as Beam's file sinks' finalize is: the temporary files are deleted only
     after the shard's output files are complete, so a retry that finds one of them gone
@@ -179,14 +191,15 @@ class _Finalize(beam.DoFn):
     is missing too.
     """
 
-    def __init__(self, folder: str, kind: str, formats: Sequence[str], token: str) -> None:
+    def __init__(self, folder: str, kind: str, formats: Sequence[str], token: str,
+                 run: str = "all") -> None:
         self._folder, self._kind, self._formats = folder, kind, tuple(formats)
-        self._token = token
+        self._token, self._run = token, run
 
     def process(self, element: tuple[int, Iterable[str]]) -> Iterator[str]:
         shard, spilled = element
         paths = sorted(spilled)
-        base = _base_name(self._kind, 0, shard)
+        base = _base_name(self._kind, 0, shard, self._run)
         if not all(FileSystems.exists(path) for path in paths):
             yield from self._written_earlier(base)
         elif len(paths) == 1 and self._formats == ("jsonl",):  # already sorted and complete
@@ -195,7 +208,10 @@ class _Finalize(beam.DoFn):
             yield final
         elif self._formats == ("jsonl",):
             final = FileSystems.join(self._folder, base + ".jsonl")
-            atomic_write(final, lambda handle: _merge_into(paths, handle))
+            few = _fewer_than_fan_in(
+                paths, FileSystems.join(self._folder, _temp_prefix(self._kind, self._token,
+                                                                   shard)))
+            atomic_write(final, lambda handle: _merge_into(few, handle))
             yield final
         else:
             ordered: list[str] = []
@@ -237,6 +253,24 @@ def _merge_into(paths: list[str], out: BinaryIO) -> None:
             handle.close()
 
 
+def _fewer_than_fan_in(paths: list[str], prefix: str) -> list[str]:
+    """Sorted files with the lines of the sorted files ``paths``, at most ``MERGE_FAN_IN``:
+    groups of that many are merged into new temporary files (``prefix`` and a random name,
+    deleted with the shard's other temporary files) until few enough are left."""
+    while len(paths) > MERGE_FAN_IN:
+        merged = []
+        for start in range(0, len(paths), MERGE_FAN_IN):
+            group = paths[start:start + MERGE_FAN_IN]
+            if len(group) == 1:
+                merged.append(group[0])
+                continue
+            path = f"{prefix}{uuid.uuid4().hex}.tmp-lines"
+            atomic_write(path, functools.partial(_merge_into, group))
+            merged.append(path)
+        paths = merged
+    return paths
+
+
 def _delete_all(paths: list[str]) -> None:
     """Delete ``paths``; a file already gone (deleted by a concurrent or earlier attempt of
     the same step) is not an error."""
@@ -266,16 +300,17 @@ class WriteOutput(beam.PTransform[Any, PCollection[Any]]):
     ``folder``; outputs the paths written.
 
     Streaming: ``early`` chooses when a shard's pending lines are written before the input
-    ends: ``BY_COUNT`` once ``pane_lines`` are pending, ``BY_TIME`` once ``window_s`` seconds
-    (rounded up to whole seconds) of processing time passed since the first of them,
-    ``BY_COUNT_OR_TIME`` whichever comes first. The runner executes the trigger, and which one
-    to ask for depends on it (``fanin.pipelines.pipeline.early_firing`` chooses): Beam 2.77's
-    Python trigger code, which the local Python runners execute, fires a processing-time
-    branch of ``AfterAny`` only once per window (apache/beam#21262), so there ``BY_TIME`` is
-    the one that fires every ``window_s``; Prism 2.77 panics on a processing-time trigger of
-    a finite stream, so replays ask for ``BY_COUNT`` (docs/runners.md). ``token`` (letters
-    and digits; default: random per instance) names this job's files (streaming) and temporary
-    files (bounded); give the job's outputs one token.
+    ends: ``AT_END`` never (a finite stream: written as a bounded run writes, see the module's
+    guarantees), ``BY_TIME`` once ``window_s`` seconds (rounded up to whole seconds) of
+    processing time passed since the first of them, ``BY_COUNT_OR_TIME`` that or once
+    ``pane_lines`` are pending, whichever comes first. The runner executes the trigger, and
+    which one to ask for depends on it (``fanin.pipelines.pipeline.early_firing`` chooses):
+    Beam 2.77's Python trigger code, which the local Python runners execute, fires a
+    processing-time branch of ``AfterAny`` only once per window (apache/beam#21262), so there
+    ``BY_TIME`` is the one that fires every ``window_s``; Prism 2.77 panics on a
+    processing-time trigger of a finite stream, which ``AT_END`` does not set
+    (docs/runners.md). ``token`` (letters and digits; default: random per instance) names
+    this job's files (streaming) and temporary files; give the job's outputs one token.
     """
 
     def __init__(self, folder: str, kind: str, formats: Sequence[str] = ("jsonl",),
@@ -301,27 +336,36 @@ class WriteOutput(beam.PTransform[Any, PCollection[Any]]):
         count = trigger.AfterCount(self._pane_lines)
         # Beam's processing-time delay is in whole seconds
         after_time = trigger.AfterProcessingTime(math.ceil(self._window_s))
-        if self._early == BY_COUNT:
-            return count
         if self._early == BY_TIME:
             return after_time
         return trigger.AfterAny(count, after_time)
 
+    def _two_phases(self, parts: tuple[PCollection[Any], ...]) -> PCollection[Any]:
+        """Spill each bundle's lines to temporary files; once the input ends, one file set per
+        shard (named ``all`` when bounded, by the job token when streaming)."""
+        spills = tuple(
+            part | f"SpillBundles{i or ''}" >> beam.ParDo(_SpillBundles(
+                self._folder, self._kind, self._shards, self._token)).with_output_types(
+                tuple[int, str])
+            for i, part in enumerate(parts))
+        spilled = spills[0] if len(spills) == 1 else spills | "MergeSpills" >> beam.Flatten()
+        if self._streaming:  # a GroupByKey of a stream needs a trigger: once, at its end
+            spilled = spilled | "AtEnd" >> beam.WindowInto(
+                window.GlobalWindows(), trigger=trigger.AfterWatermark(),
+                accumulation_mode=trigger.AccumulationMode.DISCARDING)
+        return (
+            spilled
+            | "GroupSpills" >> beam.GroupByKey()
+            | "Finalize" >> beam.ParDo(_Finalize(self._folder, self._kind, self._formats,
+                                                 self._token,
+                                                 self._token if self._streaming else "all"))
+        )
+
     def expand(self, pcolls: PCollection[Any] | tuple[PCollection[Any], ...]
                ) -> PCollection[Any]:
         parts = pcolls if isinstance(pcolls, tuple) else (pcolls,)
-        if not self._streaming:
-            spills = tuple(
-                part | f"SpillBundles{i or ''}" >> beam.ParDo(_SpillBundles(
-                    self._folder, self._kind, self._shards, self._token)).with_output_types(
-                    tuple[int, str])
-                for i, part in enumerate(parts))
-            return (
-                (spills[0] if len(spills) == 1 else spills | "MergeSpills" >> beam.Flatten())
-                | "GroupSpills" >> beam.GroupByKey()
-                | "Finalize" >> beam.ParDo(_Finalize(self._folder, self._kind, self._formats,
-                                                     self._token))
-            )
+        if not self._streaming or self._early == AT_END:
+            return self._two_phases(parts)
         return (
             (parts[0] if len(parts) == 1 else parts | "Merge" >> beam.Flatten())
             | "Window" >> beam.WindowInto(

@@ -5,6 +5,7 @@ the file in the worker; outputs of a replay follow docs/spec.md §4 (behaviour u
 from __future__ import annotations
 
 import json
+import re
 import resource
 from pathlib import Path
 from typing import Any
@@ -166,6 +167,32 @@ def test_a_replay_with_few_advances_gives_the_bounded_outputs(tmp_path: Path,
                          for kind, objs in read_jsonl(out).items()}
     assert found[True] == found[False]
     assert len(found[True]["closes"]) == 3  # b's straggler at 40 s started a fresh join
+
+
+def _files(out: Path) -> dict[str, bytes]:
+    """Output files by ``kind/name``, the job token in a name replaced by ``<run>``."""
+    return {f"{f.parent.name}/{re.sub(r'-(all|[0-9a-f]{12})-', '-<run>-', f.name)}":
+            f.read_bytes() for f in sorted(out.glob("*/*.jsonl"))}
+
+
+def test_a_replay_twice_writes_the_same_files(tmp_path: Path) -> None:
+    """A replay writes as a bounded run does: one sorted file per shard (pane 0) when it ends,
+    so twice the same input gives byte-identical files, and on input sorted by event time the
+    bounded run's files (names but for the run)."""
+    lines = [_open(f"j{i}", i) for i in range(8)] + [_receipt(f"j{i}", 8 + i) for i in range(6)]
+    lines += ["not json", *[_receipt(f"j{i}", 30 + i) for i in range(6)], '{"join_id": 1}']
+    path = write_lines(tmp_path / "in.jsonl", lines)
+    found = []
+    for name, replay in (("first", True), ("second", True), ("bounded", False)):
+        out = tmp_path / name
+        run_pipeline(RunConfig(output=str(out), inputs=[str(path)], replay=replay, shards=2,
+                               defaults=JoinDefaults(close_trigger="watermark")), [])
+        found.append(_files(out))
+    assert found[0] == found[1] == found[2]
+    assert all(re.fullmatch(r"(\w+)/\1-<run>-p0000-s00[01]\.jsonl", name) for name in found[0])
+    assert [name for name in found[0] if not name.startswith("dead_letter/")] == [
+        f"{kind}/{kind}-<run>-p0000-s00{shard}.jsonl" for kind in ("closes", "late")
+        for shard in (0, 1)]
 
 
 def test_a_file_changed_while_replayed_fails_the_run(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
+import fanin.transforms.write as write
 from fanin.transforms.write import _encode, _Finalize, _SpillBundles, _temp_prefix
 
 
@@ -57,6 +58,24 @@ def test_bundles_merge_per_shard_and_no_temporary_file_is_left(tmp_path: Path) -
     left = sorted(p.name for p in tmp_path.iterdir())
     assert left == sorted([other_run.name, "late-all-p0000-s000.jsonl",
                            "late-all-p0000-s001.jsonl"])
+
+
+def test_many_temporary_files_are_merged_a_few_at_a_time(tmp_path: Path,
+                                                         monkeypatch: Any) -> None:
+    """A shard spilled by more bundles than a merge may open at once (a replay spills a file
+    per bundle): merged in rounds of at most ``MERGE_FAN_IN`` files, the output the same."""
+    monkeypatch.setattr(write, "MERGE_FAN_IN", 3)
+    widest: list[int] = []
+    merge = write._merge_into
+    monkeypatch.setattr(write, "_merge_into", lambda paths, out: (
+        widest.append(len(paths)), merge(paths, out))[1])
+    objs = [_late(n) for n in range(40)]
+    runs = [run for n in range(10) for run in _spill(tmp_path, objs[n::10], 1)]
+    written = _finalize(tmp_path, runs, ("jsonl",))
+    assert Path(written[0]).read_bytes() == (
+        "\n".join(sorted(_encode(o, 1)[1] for o in objs)) + "\n").encode()
+    assert len(runs) == 10 and max(widest) == 3 and len(widest) == 3 + 1 + 1  # 10 -> 4 -> 2
+    assert [p.name for p in tmp_path.iterdir()] == ["late-all-p0000-s000.jsonl"]
 
 
 def test_parquet_is_written_from_the_merged_lines(tmp_path: Path) -> None:

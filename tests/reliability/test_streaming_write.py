@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from fanin.contracts.timefmt import MAX_MS
 from fanin.pipelines.pipeline import RunConfig, early_firing
-from fanin.transforms.write import BY_COUNT, BY_COUNT_OR_TIME, BY_TIME, WriteOutput
+from fanin.transforms.write import AT_END, BY_COUNT_OR_TIME, BY_TIME, WriteOutput
 
 MIN_MS = -62135596800000  # 0001-01-01T00:00:00Z
 times = st.integers(MIN_MS, MAX_MS)
@@ -28,7 +28,8 @@ steps = st.lists(st.one_of(st.tuples(st.just("add"), st.lists(times, min_size=1,
                            st.tuples(st.just("wm"), times)), min_size=1, max_size=12)
 
 
-def _run(folder: Path, script: list[tuple[str, object]], pane_lines: int, shards: int) -> int:
+def _run(folder: Path, script: list[tuple[str, object]], pane_lines: int, shards: int,
+         early: str) -> int:
     """The script through the streaming ``WriteOutput``; returns how many outputs it added."""
     stream, n, watermark = test_stream.TestStream(), 0, MIN_MS
     for op, arg in script:
@@ -44,17 +45,18 @@ def _run(folder: Path, script: list[tuple[str, object]], pane_lines: int, shards
     options = PipelineOptions(["--runner=BundleBasedDirectRunner", "--streaming"])
     with beam.Pipeline(options=options) as p:
         _ = p | stream | WriteOutput(str(folder), "late", streaming=True, shards=shards,
-                                     pane_lines=pane_lines)
+                                     pane_lines=pane_lines, early=early)
     return n
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(script=steps, pane_lines=st.integers(1, 4), shards=st.integers(1, 3))
+@given(script=steps, pane_lines=st.integers(1, 4), shards=st.integers(1, 3),
+       early=st.sampled_from([BY_COUNT_OR_TIME, AT_END]))
 def test_every_output_is_written_once_whatever_its_event_time(
         tmp_path_factory: object, script: list[tuple[str, object]], pane_lines: int,
-        shards: int) -> None:
+        shards: int, early: str) -> None:
     folder = tmp_path_factory.mktemp("write")  # type: ignore[attr-defined]
-    n = _run(folder, script, pane_lines, shards)
+    n = _run(folder, script, pane_lines, shards, early)
     files = sorted(folder.iterdir())
     name = re.compile(r"late-[0-9a-f]{12}-p\d{4,}-s\d{3}\.jsonl")  # job token, pane, shard
     assert all(name.fullmatch(f.name) for f in files), files
@@ -63,6 +65,8 @@ def test_every_output_is_written_once_whatever_its_event_time(
     for f in files:  # no empty file, lines sorted
         lines = f.read_text().splitlines()
         assert lines and lines == sorted(lines)
+    if early == AT_END:  # one file per shard with lines, when the stream ends
+        assert len(files) <= shards and all("-p0000-" in f.name for f in files)
 
 
 def _files_by_pane(folder: Path, early: str, rounds: int, per_round: int,
@@ -89,9 +93,13 @@ def test_by_time_writes_a_file_every_window_on_the_local_runner(tmp_path: Path) 
         [f"r{r}-{i}" for i in range(3)] for r in range(4)]
 
 
-def test_by_count_writes_a_file_every_pane_lines(tmp_path: Path) -> None:
-    files = _files_by_pane(tmp_path, BY_COUNT, rounds=3, per_round=4, pane_lines=4)
-    assert files == [[f"r{r}-{i}" for i in range(4)] for r in range(3)]
+def test_at_end_writes_each_shard_once_when_the_stream_ends(tmp_path: Path) -> None:
+    # whatever the windows and counts that passed, one sorted file per shard, pane 0, named by
+    # the job token; no temporary file is left behind
+    files = _files_by_pane(tmp_path, AT_END, rounds=3, per_round=4, pane_lines=2)
+    assert files == [sorted(f"r{r}-{i}" for r in range(3) for i in range(4))]
+    assert [re.fullmatch(r"closes-[0-9a-f]{12}-p0000-s000\.jsonl", f.name) is not None
+            for f in tmp_path.iterdir()] == [True]
 
 
 def test_count_or_time_fires_its_time_branch_once_on_the_local_runner(tmp_path: Path) -> None:
@@ -109,7 +117,7 @@ def test_the_early_firing_follows_the_runner_and_the_input() -> None:
     for runner in ("DataflowRunner", "FlinkRunner", "PrismRunner"):
         assert early_firing(live, runner) == BY_COUNT_OR_TIME
     for runner in ("BundleBasedDirectRunner", "PrismRunner", "FlinkRunner"):
-        assert early_firing(replay, runner) == BY_COUNT
+        assert early_firing(replay, runner) == AT_END
 
 
 def test_an_unknown_early_firing_is_refused() -> None:
