@@ -43,7 +43,7 @@ Guarantees:
   with the pipeline: 3.5 s for 20,811 lines). A file changed between the launch and the read
   fails the run with a clear error. Reading and parsing are one step because the local
   streaming runner does not fuse steps: every element a step emits is committed and handed
-  to the next one, which cost ~10 % of a replay of 206,728 lines (docs/performance.md).
+  to the next one, which cost ~11 % of a replay of 206,728 lines (docs/performance.md).
 - The stream uses a portable coder (``KV<string, KV<varint, bytes>>``): a Java runner
   (Flink) decodes the TestStream payload itself, so a Python-only (pickled) coder would fail
   there (docs/runners.md).

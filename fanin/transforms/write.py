@@ -25,7 +25,7 @@ Guarantees:
   output is ever behind it). A finite stream (``AT_END``) writes as a bounded run does, its
   files complete when the stream ends: each bundle's lines go to temporary files as they are
   made (no pending lines held in memory, and no line crosses the shuffle; on the local runner
-  every line that crosses a step costs a committed bundle's work: ~8 % of a replay of 206,728
+  every line that crosses a step costs a committed bundle's work: ~11 % of a replay of 206,728
   lines, docs/performance.md), and the finalize merges at most ``MERGE_FAN_IN`` files at once
   (a replay spills a file per bundle). A live stream writes a shard's pending lines as one file when
   the early firing (``early``, below) says so, and the rest when the input ends (drain).
