@@ -69,8 +69,8 @@ AT_END = "end"  # never before the input ends: a finite stream (a replay), writt
 BY_TIME = "time"  # ``window_s`` seconds of processing time passed since the first of them
 BY_COUNT_OR_TIME = "count_or_time"  # ``pane_lines`` of them are pending, or ``BY_TIME``
 EARLY_FIRINGS = (AT_END, BY_TIME, BY_COUNT_OR_TIME)
-# A bounded bundle writes a shard's pending lines as one sorted temporary file once they hold
-# this many characters (~16-40 MiB of Python strings per shard in memory, by line length)
+# A bundle (bounded, replay) writes a shard's pending lines as one sorted temporary file once
+# they hold this many characters (~16-40 MiB of Python strings per shard, by line length)
 SPILL_CHARS = 16 * 1024 * 1024
 # The most temporary files one merge reads at once: a replay spills a file per bundle and
 # shard (thousands when it splits into thousands of events), and a process may hold only so
