@@ -309,8 +309,7 @@ def build(p: beam.Pipeline, config: RunConfig, catalog: Catalog,
                 subscription=config.subscription, topic=config.topic, id_label=config.id_label,
                 drain=drain, stale_after_ms=replay_horizon_ms(catalog))
         input_end_ms = None
-        # the bounded plan shuffles raw messages and parses them after the shuffle
-        # (KeyMessages)
+        # the bounded plan shuffles raw messages, parsed after the shuffle (KeyMessages)
         parse = ParseMessages if config.streaming else KeyMessages
         parsed = raw | "Parse" >> parse(frozenset(catalog.contracts), config.max_bytes)
     joined = parsed.records | "Join" >> JoinRecords(catalog, config.streaming,

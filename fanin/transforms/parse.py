@@ -37,11 +37,13 @@ from fanin.contracts import records as R
 from fanin.contracts.parsing import DEFAULT_MAX_BYTES, parse_message, read_join_id
 from fanin.core.outcomes import DEAD_LETTER
 
-__all__ = ["DEAD_LETTER", "RECORD_TYPE", "KeyMessages", "PackedMessages", "ParseFn",
+__all__ = ["DEAD_LETTER", "RECORDS", "RECORD_TYPE", "KeyMessages", "PackedMessages", "ParseFn",
            "ParseMessages"]
 
-# ``(join_id, record)``: the main output of ``ParseMessages`` (Beam infers its coder from it)
+# ``(join_id, record)``: the main output of ``ParseMessages`` (Beam infers its coder from it),
+# tagged ``RECORDS`` (``parsed.records``)
 RECORD_TYPE = tuple[str, tuple[Any, ...]]
+RECORDS = "records"
 
 _LOG = logging.getLogger(__name__)
 _PROGRESS_EVERY = 100_000
@@ -226,7 +228,7 @@ class ParseMessages(beam.PTransform[PCollection[Any], pvalue.DoOutputsTuple]):
     def expand(self, pcoll: PCollection[Any]) -> pvalue.DoOutputsTuple:
         return pcoll | self._step >> beam.ParDo(
             self._fn(self._contracts, self._max_bytes)
-        ).with_output_types(self._keyed).with_outputs(DEAD_LETTER, main="records")
+        ).with_output_types(self._keyed).with_outputs(DEAD_LETTER, main=RECORDS)
 
 
 class KeyMessages(ParseMessages):

@@ -73,7 +73,7 @@ from fanin.contracts import records as R
 from fanin.contracts.parsing import parse_message
 from fanin.contracts.timefmt import MAX_MS, duration_ms, parse_rfc3339
 from fanin.core.outcomes import DEAD_LETTER
-from fanin.transforms.parse import RECORD_TYPE, ParseFn
+from fanin.transforms.parse import RECORD_TYPE, RECORDS, ParseFn
 from fanin.transforms.read import Source, numbered_lines
 
 __all__ = ["MessageScan", "Replay", "Scan", "build_replay", "by_event_time", "covering_disorder_s",
@@ -253,12 +253,11 @@ class _ParseRuns(beam.DoFn):
         stamps = array("q")
         stamps.frombytes(packed)
         for offset, ms in enumerate(stamps):
-            parsed = self._parse.parsed(*lines[first + offset])
+            parsed, stamp = self._parse.parsed(*lines[first + offset]), _stamp(ms)
             if isinstance(parsed, TaggedOutput):
-                yield TaggedOutput(parsed.tag, WindowedValue(parsed.value, _stamp(ms),
-                                                             _GLOBAL))
+                yield TaggedOutput(parsed.tag, WindowedValue(parsed.value, stamp, _GLOBAL))
             else:
-                yield WindowedValue(parsed, _stamp(ms), _GLOBAL)
+                yield WindowedValue(parsed, stamp, _GLOBAL)
         if first + len(stamps) == len(lines):  # its last run: a retry reads the file again
             _READ.get(self._token, {}).pop(path, None)
 
@@ -404,8 +403,7 @@ class Replay(beam.PTransform[PBegin, pvalue.DoOutputsTuple]):
         return (pbegin
                 | "Stream" >> self._stream
                 | "Parse" >> beam.ParDo(_ParseRuns(dict(self._counts), self._token, self._scan))
-                .with_output_types(RECORD_TYPE).with_outputs(DEAD_LETTER,
-                                                                     main="records"))
+                .with_output_types(RECORD_TYPE).with_outputs(DEAD_LETTER, main=RECORDS))
 
 
 def build_replay(lines: Iterable[tuple[bytes, Source]], max_disorder_s: float,

@@ -46,7 +46,7 @@ import json
 import math
 import uuid
 import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, BinaryIO
 
 import apache_beam as beam
@@ -166,8 +166,7 @@ class _SpillBundles(beam.DoFn):
         lines = self._lines.pop(shard)
         del self._chars[shard]
         lines.sort()
-        path = FileSystems.join(self._folder, _temp_prefix(self._kind, self._token, shard)
-                                + f"{uuid.uuid4().hex}.tmp-lines")
+        path = _temp_file(self._folder, self._kind, self._token, shard)
         _write_lines(path, lines)
         self._spilled.append((shard, path))
 
@@ -208,9 +207,8 @@ class _Finalize(beam.DoFn):
             yield final
         elif self._formats == ("jsonl",):
             final = FileSystems.join(self._folder, base + ".jsonl")
-            few = _fewer_than_fan_in(
-                paths, FileSystems.join(self._folder, _temp_prefix(self._kind, self._token,
-                                                                   shard)))
+            few = _fewer_than_fan_in(paths, functools.partial(
+                _temp_file, self._folder, self._kind, self._token, shard))
             atomic_write(final, lambda handle: _merge_into(few, handle))
             yield final
         else:
@@ -253,10 +251,10 @@ def _merge_into(paths: list[str], out: BinaryIO) -> None:
             handle.close()
 
 
-def _fewer_than_fan_in(paths: list[str], prefix: str) -> list[str]:
+def _fewer_than_fan_in(paths: list[str], new_file: Callable[[], str]) -> list[str]:
     """Sorted files with the lines of the sorted files ``paths``, at most ``MERGE_FAN_IN``:
-    groups of that many are merged into new temporary files (``prefix`` and a random name,
-    deleted with the shard's other temporary files) until few enough are left."""
+    groups of that many are merged into new temporary files (named by ``new_file``: the
+    shard's, deleted with its other temporary files) until few enough are left."""
     while len(paths) > MERGE_FAN_IN:
         merged = []
         for start in range(0, len(paths), MERGE_FAN_IN):
@@ -264,7 +262,7 @@ def _fewer_than_fan_in(paths: list[str], prefix: str) -> list[str]:
             if len(group) == 1:
                 merged.append(group[0])
                 continue
-            path = f"{prefix}{uuid.uuid4().hex}.tmp-lines"
+            path = new_file()
             atomic_write(path, functools.partial(_merge_into, group))
             merged.append(path)
         paths = merged
@@ -285,6 +283,12 @@ def _delete_all(paths: list[str]) -> None:
 
 def _temp_prefix(kind: str, token: str, shard: int) -> str:
     return f".{kind}-{token}-s{shard:03d}-"
+
+
+def _temp_file(folder: str, kind: str, token: str, shard: int) -> str:
+    """A fresh temporary file of the shard in ``folder``: ``_temp_prefix``, a random part."""
+    return FileSystems.join(folder, _temp_prefix(kind, token, shard)
+                            + f"{uuid.uuid4().hex}.tmp-lines")
 
 
 def _encode(obj: dict[str, Any], shards: int) -> tuple[int, str]:
