@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
+from typing import TextIO
 
 import duckdb
 
@@ -65,21 +66,31 @@ def _reachable(option: str, path: str | None) -> None:
         require_google_credentials(f"{option} {path}", "Cloud Storage")
 
 
+def _stdout(instead: str) -> TextIO:
+    """Standard output; ``ValueError`` (one line, before any work) when the process has none
+    (started with it closed: Python then holds None)."""
+    if sys.stdout is None:
+        raise ValueError(f"standard output is closed: {instead}")
+    return sys.stdout
+
+
 def _query(args: argparse.Namespace) -> None:
     _reachable("--out", args.out)
+    out = _stdout("give --out FILE") if args.out is None else None
     text = run_query(args.dir, args.sql, args.format, args.out)
-    if args.out is None:
-        sys.stdout.write(text)
+    if out is not None:
+        out.write(text)
 
 
 def _report(args: argparse.Namespace) -> None:
     _reachable("--html", args.html)
+    out = _stdout("nowhere to print the summary")
     if args.html is not None and "://" not in args.html:
         outside_outputs(args.dir, args.html, "--html")
     report = build_report(args.dir)
     if args.html is not None:
         write_html(report, args.html)
-    sys.stdout.write(summary_text(report))
+    out.write(summary_text(report))
     if args.html is not None:
         print(f"wrote {args.html}")
 

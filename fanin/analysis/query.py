@@ -67,7 +67,7 @@ import os
 import re
 import threading
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +75,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from fanin.analysis.interrupts import interrupts_held
 from fanin.contracts import tables
 from fanin.contracts.timefmt import format_ms
 from fanin.io.files import atomic_write
@@ -172,8 +173,10 @@ def _parquet_tables(files: Sequence[Path]) -> Iterator[pa.Table]:
 _BATCH_ROWS = 65_536
 
 
-def _load(con: duckdb.DuckDBPyConnection, kind: str, folder: Path) -> None:
-    """Copy the ``kind`` outputs under ``folder`` into table ``_<kind>``; create view ``kind``.
+def _load(con: duckdb.DuckDBPyConnection, kind: str, folder: Path,
+          check: Callable[[], None]) -> None:
+    """Copy the ``kind`` outputs under ``folder`` into table ``_<kind>``; create view ``kind``
+    (``check()`` after each file: ``interrupts_held``).
 
     A run that wrote both formats wrote the same rows twice: of each run's files, its Parquet
     files are read when it wrote any, else its JSONL files, so every row appears once.
@@ -194,6 +197,7 @@ def _load(con: duckdb.DuckDBPyConnection, kind: str, folder: Path) -> None:
         into = f'INSERT INTO "_{kind}"' if n else f'CREATE TABLE "_{kind}" AS'
         con.execute(f"{into} SELECT {columns} FROM {staging}")  # noqa: S608
         con.unregister(staging)
+        check()
     projection = ", ".join(
         f'"{f.name}"::JSON AS "{f.name}"'
         if (f.metadata or {}).get(b"fanin.encoding") == b"json" else f'"{f.name}"'
@@ -231,7 +235,9 @@ def open_outputs(directory: str | os.PathLike[str]) -> duckdb.DuckDBPyConnection
     """Locked-down in-memory connection with views ``closes``, ``late``, ``dead_letter``.
 
     Raises ``FileNotFoundError`` if ``directory`` is not a directory and ``ValueError`` (naming
-    ``file:line``) if an output file does not follow the layout.
+    ``file:line``) if an output file does not follow the layout; Ctrl-C while the outputs load
+    raises ``KeyboardInterrupt`` between two files (``interrupts_held``), never an error of
+    DuckDB's.
     """
     root = Path(directory)
     if not root.is_dir():
@@ -243,11 +249,12 @@ def open_outputs(directory: str | os.PathLike[str]) -> duckdb.DuckDBPyConnection
                 "memory_limit": _MEMORY_LIMIT},
     )
     try:
-        con.execute("SET TimeZone = 'UTC'")
-        for kind in tables.KINDS:
-            _load(con, kind, root / kind)
-        con.execute("SET enable_external_access = false")
-        con.execute("SET lock_configuration = true")
+        with interrupts_held() as check:
+            con.execute("SET TimeZone = 'UTC'")
+            for kind in tables.KINDS:
+                _load(con, kind, root / kind, check)
+            con.execute("SET enable_external_access = false")
+            con.execute("SET lock_configuration = true")
     except BaseException:
         con.close()
         raise
@@ -495,7 +502,8 @@ def run_query(
         outside_outputs(directory, out)
     con = open_outputs(directory)
     try:
-        _check_read_only(con, sql)
+        with interrupts_held():
+            _check_read_only(con, sql)
         description, rows = _interruptible(con, sql)
     finally:
         con.close()

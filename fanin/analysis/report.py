@@ -25,6 +25,7 @@ from typing import Any
 import duckdb
 
 from fanin.analysis import svg
+from fanin.analysis.interrupts import interrupts_held
 from fanin.analysis.query import open_outputs, visible
 from fanin.contracts.timefmt import format_ms
 from fanin.io.files import atomic_write
@@ -151,25 +152,30 @@ def _one(con: duckdb.DuckDBPyConnection, sql: str) -> Any:
 
 
 def build_report(directory: str | os.PathLike[str]) -> Report:
-    """Query the outputs in ``directory`` (errors as ``open_outputs``) into a ``Report``."""
+    """Query the outputs in ``directory`` (errors as ``open_outputs``) into a ``Report``.
+    Ctrl-C raises ``KeyboardInterrupt`` once the statements have run (``interrupts_held``:
+    never an error of DuckDB's)."""
     con = open_outputs(directory)
     try:
-        rows = {k: _one(con, f"SELECT count(*) FROM {k}")  # noqa: S608
-                for k in ("closes", "late", "dead_letter")}
-        overall = _one(con, "SELECT quantile_cont(latency_ms, [0.5, 0.95, 0.99]) FROM closes")
-        charts = (
-            _reasons_over_time(con),
-            _latency(con),
-            _top_branches(con, "missing"),
-            _top_branches(con, "failed"),
-            _counts(con, "conflicts", "Conflicts by kind",
-                    "SELECT c.kind, count(*) AS n FROM closes, unnest(conflicts) AS t(c) "
-                    "GROUP BY 1 ORDER BY n DESC, 1"),
-            _counts(con, "late", "Late messages by reason",
-                    "SELECT reason, count(*) AS n FROM late GROUP BY 1 ORDER BY n DESC, 1"),
-            _counts(con, "dead-letters", "Dead letters by error",
-                    "SELECT error, count(*) AS n FROM dead_letter GROUP BY 1 ORDER BY n DESC, 1"),
-        )
+        with interrupts_held():
+            rows = {k: _one(con, f"SELECT count(*) FROM {k}")  # noqa: S608
+                    for k in ("closes", "late", "dead_letter")}
+            overall = _one(con,
+                           "SELECT quantile_cont(latency_ms, [0.5, 0.95, 0.99]) FROM closes")
+            charts = (
+                _reasons_over_time(con),
+                _latency(con),
+                _top_branches(con, "missing"),
+                _top_branches(con, "failed"),
+                _counts(con, "conflicts", "Conflicts by kind",
+                        "SELECT c.kind, count(*) AS n FROM closes, unnest(conflicts) AS t(c) "
+                        "GROUP BY 1 ORDER BY n DESC, 1"),
+                _counts(con, "late", "Late messages by reason",
+                        "SELECT reason, count(*) AS n FROM late GROUP BY 1 ORDER BY n DESC, 1"),
+                _counts(con, "dead-letters", "Dead letters by error",
+                        "SELECT error, count(*) AS n FROM dead_letter GROUP BY 1 ORDER BY n "
+                        "DESC, 1"),
+            )
     finally:
         con.close()
     latency = None if overall is None else (float(overall[0]), float(overall[1]), float(overall[2]))

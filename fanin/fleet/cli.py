@@ -20,13 +20,18 @@ Guarantees:
   slower rates wait longer than the clock can sleep), ``--rate`` with a ``--start`` other than
   ``now``, an empty FILE, or a FILE that cannot be opened for writing (a folder, a path under a
   file, a folder that does not exist, no permission). An error while writing (disk full, a
-  closed pipe) prints one line on stderr and returns 1.
+  closed pipe) prints one line on stderr and returns 1; Ctrl-C, one line and 130. Either way
+  (but with ``--rate``, whose lines were written as they came due) a FILE that is a regular
+  file is removed: what was written of it would pass for a whole simulation, or end in a
+  line cut short.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import os
+import stat
 import sys
 import time
 from dataclasses import fields, replace
@@ -123,6 +128,15 @@ def _write(args: argparse.Namespace, out: TextIO, rates: SimRates) -> SimSummary
     return write_lines(out, args.joins, args.seed, rates, start=start)
 
 
+def _discard(args: argparse.Namespace) -> None:
+    """Remove the part of ``--out`` written before a failure or Ctrl-C (its last line cut,
+    or all lines whole: it would look complete): a regular file only, never a pipe or a
+    device, and not the traffic of ``--rate``, whose lines were written as they came due."""
+    with contextlib.suppress(OSError):
+        if args.rate is None and args.out != "-" and stat.S_ISREG(os.stat(args.out).st_mode):
+            os.remove(args.out)
+
+
 def run_simulate(args: argparse.Namespace) -> int:
     """Run the subcommand for parsed ``args``; returns the exit code."""
     if args.rate is not None and args.start not in (None, "now"):
@@ -144,9 +158,11 @@ def run_simulate(args: argparse.Namespace) -> int:
         with contextlib.nullcontext() if out is sys.stdout else out:
             summary = _write(args, out, rates)
     except OSError as exc:
+        _discard(args)
         print(f"fanin simulate: cannot write {args.out}: {exc.strerror or exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
+        _discard(args)
         print("fanin simulate: interrupted", file=sys.stderr)
         return 130
     print(f"fanin simulate: wrote {args.out}: {summary.one_line()}",

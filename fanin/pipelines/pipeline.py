@@ -356,7 +356,7 @@ def _check_bigquery_options(config: RunConfig, options: PipelineOptions) -> None
                           "it needs --temp_location=gs://BUCKET/PATH")
 
 
-def _prepare_output(output: str, overwrite: bool, inputs: Sequence[str] = (),
+def _prepare_output(output: str, overwrite: bool, kept: Sequence[tuple[str, str]] = (),
                     continues: bool = False, on_replace: Callable[[], None] | None = None
                     ) -> None:
     """Create the three folders; refuse to mix with an earlier run's files unless asked
@@ -364,15 +364,16 @@ def _prepare_output(output: str, overwrite: bool, inputs: Sequence[str] = (),
     subscription's next run: its files, named with its own job token, join theirs, whose
     messages were acknowledged and cannot be read again); refuse (``ConfigError``) a path that
     is a file where a folder must be, any folder that cannot be created or written in, or
-    ``--overwrite`` of a folder that holds one of the run's ``inputs`` (it would delete the
-    input before reading it) or that this user cannot empty (a folder in it not writable):
-    nothing is deleted then. ``on_replace`` is called once, before the first deletion."""
+    ``--overwrite`` of a folder that holds one of the files the run reads, ``kept`` as
+    ``(option, path)`` (its inputs, its contracts file: it would delete them before reading
+    them) or that this user cannot empty (a folder in it not writable): nothing is deleted
+    then. ``on_replace`` is called once, before the first deletion."""
     folders = _output_folders(output)
     for folder in folders:
         real = os.path.realpath(folder)
-        for path in inputs:
+        for option, path in kept:
             if "://" not in path and os.path.commonpath([real, os.path.realpath(path)]) == real:
-                raise ConfigError(f"--input {path} is in {folder}, which this run replaces "
+                raise ConfigError(f"{option} {path} is in {folder}, which this run replaces "
                                   "with its outputs; move it out first")
     replaced = _checked_folders(output, folders, overwrite, continues)
     if replaced and on_replace is not None:
@@ -402,6 +403,14 @@ def _empty(folder: str) -> None:
             os.unlink(entry.path)
 
 
+def _no_dangling_link(folder: str) -> None:
+    """``ConfigError`` when ``folder`` is a symbolic link to nothing (or a loop of links):
+    no folder can be created there."""
+    if os.path.islink(folder) and not os.path.exists(folder):
+        raise ConfigError(f"--output: {folder} is a symbolic link to nothing "
+                          f"({os.readlink(folder)})")
+
+
 def _checked_folders(output: str, folders: list[str], overwrite: bool, continues: bool
                      ) -> list[str]:
     """The output ``folders`` this run deletes first (``_prepare_output``), after every check
@@ -411,9 +420,7 @@ def _checked_folders(output: str, folders: list[str], overwrite: bool, continues
         for path in (output, folder):
             if os.path.exists(path) and not os.path.isdir(path):
                 raise ConfigError(f"--output: {path} is a file, not a folder")
-        if os.path.islink(folder) and not os.path.exists(folder):
-            raise ConfigError(f"--output: {folder} is a symbolic link to nothing "
-                              f"({os.readlink(folder)})")
+        _no_dangling_link(folder)
         if os.path.isdir(folder) and os.listdir(folder) and (overwrite or not continues):
             if not overwrite:
                 raise ConfigError(f"{output} already holds outputs; pass --overwrite to "
@@ -690,6 +697,7 @@ def _locked_output(config: RunConfig) -> OutputLock:
     (``_prepare_output``): a run refused there leaves the folder as it was."""
     if os.path.exists(config.output) and not os.path.isdir(config.output):
         raise ConfigError(f"--output: {config.output} is a file, not a folder")
+    _no_dangling_link(config.output)
     continues = config.reads_pubsub
     try:
         lock = OutputLock.acquire(config.output, continues, config.overwrite)
@@ -697,9 +705,12 @@ def _locked_output(config: RunConfig) -> OutputLock:
         raise ConfigError(f"--output: cannot create or lock {config.output}: "
                           f"{exc.strerror or exc}") from None
     try:
-        _prepare_output(config.output, config.overwrite,
-                        expand_inputs(config.inputs) if config.inputs else (),
-                        continues=continues, on_replace=lock.mark_changed)
+        read = [("--input", path) for path in
+                (expand_inputs(config.inputs) if config.inputs else ())]
+        if config.contracts_path is not None:
+            read.append(("--contracts", config.contracts_path))
+        _prepare_output(config.output, config.overwrite, read, continues=continues,
+                        on_replace=lock.mark_changed)
     except BaseException:
         if lock.changed:
             lock.release()  # it deleted earlier outputs: not the folder it found

@@ -2,7 +2,8 @@
 write into the outputs they read: an output folder this user cannot list is one line, exit 2
 (it read as zero rows); ``query --out`` inside an output folder is refused (the next query
 failed on the file it wrote there); a result beyond 1,000,000 rows is one line; Ctrl-C stops a
-running statement with one line, exit 130."""
+running statement with one line, exit 130, and so does one while the outputs load; a closed
+standard output is one line, not a traceback."""
 
 from __future__ import annotations
 
@@ -13,10 +14,15 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import pyarrow as pa
 import pytest
 
+import fanin.analysis.query as query_module
+from fanin.analysis.interrupts import interrupts_held
 from fanin.cli import main
 from fanin.fleet.simulate import CONTRACTS_PATH
 
@@ -154,3 +160,65 @@ def test_a_damaged_parquet_file_is_named(outputs: Path, tmp_path: Path,
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"fanin report: error: {damaged}: not a readable Parquet file: ")
     assert "\n" not in err
+
+
+def _signalled_while_duckdb_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first JSONL table of the load handed to DuckDB as a stream whose first batch sends
+    this process a real SIGINT: it lands while DuckDB is inside the ``INSERT`` reading it (the
+    moment a real Ctrl-C cannot be aimed at)."""
+    tables_of = query_module._jsonl_tables
+
+    def signalled(kind: str, files: Any) -> Iterator[Any]:
+        for n, table in enumerate(tables_of(kind, files)):
+            if n or kind != "closes":
+                yield table
+                continue
+
+            def batches(table: pa.Table = table) -> Iterator[pa.RecordBatch]:
+                os.kill(os.getpid(), signal.SIGINT)
+                yield from table.to_batches()
+
+            yield pa.RecordBatchReader.from_batches(table.schema, batches())
+
+    monkeypatch.setattr(query_module, "_jsonl_tables", signalled)
+
+
+@pytest.mark.parametrize("command", [["query", "select count(*) from closes"], ["report"]])
+def test_ctrl_c_while_the_outputs_load_is_one_line(
+        outputs: Path, command: list[str], capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Ctrl-C landing inside one of DuckDB's calls came out as DuckDB's error ("Query
+    interrupted": a traceback; a failed read of the table: one wrong line, exit 2), or left
+    the connection busy (its close failed; at exit the process could abort)."""
+    _signalled_while_duckdb_reads(monkeypatch)
+    assert main([command[0], str(outputs), *command[1:]]) == 130
+    assert capsys.readouterr().err.strip() == f"fanin {command[0]}: interrupted"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_interrupts_held_wins_over_another_error_and_restores_the_handler() -> None:
+    with pytest.raises(KeyboardInterrupt), interrupts_held() as check:
+        os.kill(os.getpid(), signal.SIGINT)
+        check_ran = False
+        check()  # raises: the Ctrl-C was held until here
+        check_ran = True
+    assert not check_ran
+    with pytest.raises(KeyboardInterrupt), interrupts_held():
+        os.kill(os.getpid(), signal.SIGINT)
+        raise ValueError("the block's own error")
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with interrupts_held() as check:  # nothing held: nothing raised
+        check()
+
+
+@pytest.mark.parametrize("command", [["query", "select 1"], ["report"]])
+def test_a_closed_standard_output_is_one_line(outputs: Path, command: list[str]) -> None:
+    """Python holds None for a standard output closed at start: a traceback
+    (``'NoneType' object has no attribute 'write'``) after the whole statement ran."""
+    done = subprocess.run([FANIN, command[0], str(outputs), *command[1:]], capture_output=False,
+                          stderr=subprocess.PIPE, text=True, timeout=120, check=False,
+                          preexec_fn=lambda: os.close(1))
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"fanin {command[0]}: error: standard output is closed: "
+        + ("give --out FILE" if command[0] == "query" else "nowhere to print the summary")]

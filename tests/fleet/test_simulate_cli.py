@@ -1,15 +1,21 @@
-"""Bad use of ``fanin simulate`` is one line on stderr and exit code 2, and writes nothing."""
+"""Bad use of ``fanin simulate`` is one line on stderr and exit code 2, and writes nothing; a
+simulation that fails or is stopped while it writes leaves no file that would pass for a
+whole one."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any, TextIO
 
 import pytest
 from support.child_env import same_code_env
 
+import fanin.fleet.cli as simulate_cli
+from fanin.cli import main
 from fanin.fleet.cli import MAX_JOINS, MIN_JOINS_PER_S, add_subcommand
 
 FANIN = [sys.executable, "-c", "import sys; from fanin.cli import main; sys.exit(main())"]
@@ -71,3 +77,52 @@ def test_the_bounds_themselves_are_accepted() -> None:
                               "--rate", f"{MIN_JOINS_PER_S!r}/s"])
     assert args.joins == MAX_JOINS and args.rate == MIN_JOINS_PER_S
     assert parser.parse_args(["simulate", "--joins", "0", "--out", "-", "--rate", "1/s"]).rate == 1
+
+
+def _stops_after_some_lines(failure: BaseException) -> Any:
+    """A ``write_lines``/``write_paced`` stand-in: two whole lines and half of one, then
+    ``failure`` (Ctrl-C, a full disk: a real one cannot be aimed at the middle of a write)."""
+    def write(out: TextIO, *_: Any, **__: Any) -> None:
+        out.write('{"kind": "open"}\n{"kind": "open"}\n{"kind": "op')
+        out.flush()
+        raise failure
+    return write
+
+
+@pytest.mark.parametrize(("failure", "code", "line"), [
+    (KeyboardInterrupt(), 130, "fanin simulate: interrupted"),
+    (OSError(28, "No space left on device"), 1, "fanin simulate: cannot write {out}: No space "
+                                                 "left on device")])
+def test_a_simulation_stopped_while_it_writes_leaves_no_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        failure: BaseException, code: int, line: str) -> None:
+    """Its lines were left under FILE: cut short, or whole (after Ctrl-C), passing for a
+    complete simulation."""
+    monkeypatch.setattr(simulate_cli, "write_lines", _stops_after_some_lines(failure))
+    out = tmp_path / "x.jsonl"
+    assert main(["simulate", "--joins", "3", "--out", str(out)]) == code
+    assert capsys.readouterr().err.splitlines() == [line.format(out=out)]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_paced_simulation_stopped_keeps_the_lines_written_as_they_came_due(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--rate`` writes a live stream: Ctrl-C is how it ends, and its lines are its output."""
+    monkeypatch.setattr(simulate_cli, "write_paced", _stops_after_some_lines(KeyboardInterrupt()))
+    out = tmp_path / "x.jsonl"
+    assert main(["simulate", "--joins", "3", "--rate", "1/s", "--start", "now", "--out",
+                 str(out)]) == 130
+    assert out.read_text().startswith('{"kind": "open"}\n')
+
+
+def test_a_pipe_is_never_removed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only a regular file is removed after a failure: FILE may name a pipe a reader holds."""
+    monkeypatch.setattr(simulate_cli, "write_lines", _stops_after_some_lines(OSError(32, "x")))
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        assert main(["simulate", "--joins", "3", "--out", str(fifo)]) == 1
+    finally:
+        os.close(reader)
+    assert fifo.is_fifo()

@@ -64,6 +64,20 @@ def test_an_output_subfolder_linked_to_nothing_is_refused_before_anything_is_del
     assert sorted(p.name for p in (out / "closes").iterdir()) == kept
 
 
+@pytest.mark.parametrize("target", ["gone", "loop"])
+def test_an_output_folder_linked_to_nothing_is_named_so(
+        tmp_path: Path, target: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """It read "cannot create or lock OUT: File exists" (the subfolders were named so)."""
+    out = tmp_path / "out"
+    os.symlink(tmp_path / target, out)
+    if target == "loop":
+        os.symlink(out, tmp_path / "loop")
+    assert main(["run", "--input", EXAMPLE, "--contracts", CONTRACTS_PATH, "--output",
+                 str(out)]) == 2
+    assert capsys.readouterr().err.strip() == (f"fanin: error: --output: {out} is a "
+                                               f"symbolic link to nothing ({tmp_path / target})")
+
+
 @pytest.mark.parametrize("which", ["input", "contracts file"])
 def test_a_dry_run_report_onto_the_runs_input_is_refused(
         tmp_path: Path, which: str, capsys: pytest.CaptureFixture[str]) -> None:

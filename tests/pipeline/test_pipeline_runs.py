@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import shutil
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -159,6 +160,24 @@ def test_overwrite_never_deletes_an_input(traffic: dict[str, Path], tmp_path: Pa
     assert err[-1].startswith("fanin: error: --input ") and "move it out first" in err[-1]
     assert not any("Traceback" in line for line in err)
     assert {p: p.read_bytes() for p in out.rglob("*.jsonl")} == before
+
+
+def test_overwrite_never_deletes_the_contracts_file(traffic: dict[str, Path], tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """A ``--contracts`` file kept in an output folder was deleted by ``--overwrite`` (inputs
+    were refused there already)."""
+    out = tmp_path / "out"
+    assert main(["run", "--input", str(traffic["arrival"]), "--contracts", CONTRACTS_PATH,
+                 "--output", str(out)]) == 0
+    capsys.readouterr()
+    kept = out / "late" / "contracts.yaml"
+    shutil.copyfile(CONTRACTS_PATH, kept)
+    assert main(["run", "--input", str(traffic["arrival"]), "--contracts", str(kept),
+                 "--output", str(out), "--overwrite"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"fanin: error: --contracts {kept} is in {out / 'late'}, which this run replaces with "
+        "its outputs; move it out first")
+    assert kept.read_bytes() == Path(CONTRACTS_PATH).read_bytes()
 
 
 def test_cli_runs_and_refuses_bad_use(traffic: dict[str, Path], tmp_path: Path,
