@@ -104,8 +104,10 @@ def _run_of(kind: str, file: Path) -> str | None:
 
 def _output_files(folder: Path, suffix: str) -> list[Path]:
     """Sorted visible ``*<suffix>`` files anywhere under ``folder`` (none if it is missing); a
-    visible folder under it that cannot be listed raises ``PermissionError`` (its files would
-    be left out silently)."""
+    visible folder under it that cannot be listed raises ``PermissionError``, and a visible
+    ``*<suffix>`` that is not a regular file (a pipe, a device, a link to nothing) raises
+    ``ValueError``: either would have been left out silently (a pipe or a device can also
+    never be read to an end)."""
     if not folder.is_dir():
         return []
     found: list[Path] = []
@@ -118,7 +120,12 @@ def _output_files(folder: Path, suffix: str) -> list[Path]:
     for root, dirs, names in os.walk(folder, onerror=unlisted):
         dirs[:] = [name for name in dirs if not name.startswith((".", "_"))]
         found.extend(Path(root, name) for name in names if name.endswith(suffix))
-    return sorted(p for p in found if p.is_file() and _visible(p, folder))
+    visible = sorted(p for p in found if _visible(p, folder))
+    for path in visible:
+        if not path.is_file():
+            raise ValueError(f"{path}: not a regular file (a pipe, a device or a link to "
+                             "nothing): its rows cannot be read")
+    return visible
 
 
 def _jsonl_tables(kind: str, files: Sequence[Path]) -> Iterator[pa.Table]:

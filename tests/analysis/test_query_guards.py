@@ -222,3 +222,20 @@ def test_a_closed_standard_output_is_one_line(outputs: Path, command: list[str])
     assert done.stderr.strip().splitlines() == [
         f"fanin {command[0]}: error: standard output is closed: "
         + ("give --out FILE" if command[0] == "query" else "nowhere to print the summary")]
+
+
+@pytest.mark.parametrize("kind", ["pipe", "link to nothing", "link to a device"])
+def test_an_output_name_that_is_not_a_regular_file_is_named(
+        outputs: Path, tmp_path: Path, kind: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """It was skipped: the query answered from the other files with no word (0 rows)."""
+    out = tmp_path / "out"
+    shutil.copytree(outputs, out)
+    odd = out / "closes" / "closes-all-p0000-s001.jsonl"
+    if kind == "pipe":
+        os.mkfifo(odd)
+    else:
+        os.symlink(tmp_path / "gone" if kind == "link to nothing" else "/dev/zero", odd)
+    assert main(["query", str(out), "select count(*) from closes"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"fanin query: error: {odd}: not a regular file (a pipe, a device or a link to "
+        "nothing): its rows cannot be read")
