@@ -156,7 +156,7 @@ def _run(args: argparse.Namespace, beam_args: Sequence[str]) -> int:
                 kind: topic for kind, topic in (("closes", args.closes_topic),
                                                 ("late", args.late_topic),
                                                 ("dead_letter", args.dead_letter_topic))
-                if topic})
+                if topic is not None})
         from fanin.runners.dry_run import maybe_dry_run
         from fanin.runners.toolchain import (
             check_job_endpoint,

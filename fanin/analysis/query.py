@@ -505,6 +505,10 @@ def run_query(
     """
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; expected one of {FORMATS}")
+    try:
+        sql.encode("utf-8")
+    except UnicodeEncodeError:  # bytes of the command line that are not UTF-8, escaped
+        raise QueryRefused("the SQL is not UTF-8 text") from None
     if out is not None:
         outside_outputs(directory, out)
     con = open_outputs(directory)

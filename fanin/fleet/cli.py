@@ -15,11 +15,13 @@ Guarantees:
 - Bad use is one ``error:`` line on stderr and exit code 2, and nothing is written: a
   ``--joins`` outside [0, ``MAX_JOINS``] (a million: about 1.7 GB of lines, one join id per
   join held in memory, and join ids are numbered with six digits; for more, run several seeds,
-  whose ids differ), a probability outside [0, 1], a ``--start`` that is not ``now`` or RFC 3339, a
+  whose ids differ), a ``--seed`` of more than ``SEED_DIGITS`` digits (it is in every id), a
+  probability outside [0, 1], a ``--start`` that is not ``now`` or RFC 3339, a
   ``--rate`` that is not ``N`` or ``N/s`` with N in [``MIN_JOINS_PER_S``, inf) (one join a day:
   slower rates wait longer than the clock can sleep), ``--rate`` with a ``--start`` other than
   ``now``, an empty FILE, or a FILE that cannot be opened for writing (a folder, a path under a
-  file, a folder that does not exist, no permission). An error while writing (disk full, a
+  file, a folder that does not exist, no permission), ``-`` when standard output is closed.
+  An error while writing (disk full, a
   closed pipe) prints one line on stderr and returns 1; Ctrl-C, one line and 130. Either way
   (but with ``--rate``, whose lines were written as they came due) a FILE that is a regular
   file is removed: what was written of it would pass for a whole simulation, or end in a
@@ -85,6 +87,9 @@ def _joins_per_s(text: str) -> float:
     return value
 
 
+SEED_DIGITS = 100  # a join id "sim<seed>-<index>" stays far below 256 characters
+
+
 def count_arg(text: str) -> int:
     """An integer >= 0 (an ``argparse`` type)."""
     try:
@@ -93,6 +98,18 @@ def count_arg(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, not {value}")
+    return value
+
+
+def _seed(text: str) -> int:
+    """An integer of at most ``SEED_DIGITS`` digits (it is in every join id and message id,
+    which hold at most 256 characters)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if len(str(abs(value))) > SEED_DIGITS:
+        raise argparse.ArgumentTypeError(f"must have at most {SEED_DIGITS} digits")
     return value
 
 
@@ -147,6 +164,10 @@ def run_simulate(args: argparse.Namespace) -> int:
     overrides = {spec.name: getattr(args, spec.name) for spec in fields(SimRates)
                  if getattr(args, spec.name) is not None}
     rates = replace(SHOWCASE_RATES if args.showcase else SimRates(), **overrides)
+    if args.out == "-" and sys.stdout is None:  # started with it closed: Python holds None
+        print("fanin simulate: error: standard output is closed: give --out FILE",
+              file=sys.stderr)
+        return 2
     try:
         out = sys.stdout if args.out == "-" else \
             open(args.out, "w", encoding="utf-8", newline="\n")  # noqa: SIM115
@@ -182,8 +203,9 @@ def add_subcommand(subparsers: Any) -> None:
                         help=f"number of joins to simulate (0 to {MAX_JOINS})")
     parser.add_argument("--out", type=_out, required=True, metavar="FILE",
                         help="output JSONL file ('-': standard output)")
-    parser.add_argument("--seed", type=int, default=0, metavar="S",
-                        help="random seed (same seed, same bytes; default 0)")
+    parser.add_argument("--seed", type=_seed, default=0, metavar="S",
+                        help="random seed (same seed, same bytes; default 0; at most "
+                             f"{SEED_DIGITS} digits)")
     parser.add_argument("--start", type=_start, default=None, metavar="now|INSTANT",
                         help=f"when the first join opens (default {EPOCH}; 'now' with --rate)")
     parser.add_argument("--rate", type=_joins_per_s, default=None, metavar="N/s",

@@ -95,6 +95,9 @@ def run_publish(args: argparse.Namespace) -> int:  # noqa: C901 (one exit per pu
     except ValueError as exc:
         print(f"fanin publish: {exc}", file=sys.stderr)
         return 2
+    if args.file == "-" and sys.stdin is None:  # started with it closed: Python holds None
+        print("fanin publish: standard input is closed: give FILE", file=sys.stderr)
+        return 2
     if args.file != "-" and not os.path.isfile(args.file):
         what = "no such file" if not os.path.exists(args.file) else \
             "a folder, not a file" if os.path.isdir(args.file) else "not a regular file"
@@ -124,6 +127,9 @@ def run_publish(args: argparse.Namespace) -> int:  # noqa: C901 (one exit per pu
                                waiting=waiting, stop=stop)
     except OSError as exc:
         print(f"fanin publish: cannot read {args.file}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    except ValueError as exc:  # credentials that cannot be read
+        print(f"fanin publish: {exc}", file=sys.stderr)
         return 2
     except UnreadableInput as exc:  # lines before the damage were published
         print(f"fanin publish: {exc}", file=sys.stderr)

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fanin.contracts.lines import message_lines
+from fanin.io.credentials import unreadable_credentials
 from fanin.io.inputs import check_start, input_lines
 from fanin.io.pubsub import validate_topic_path
 
@@ -206,7 +207,8 @@ def publish_file(
     """Publish every message of ``path`` (``-``: standard input) to ``topic``; see the module.
 
     ``progress(sent, failed)`` is called after each message settles (from the client's
-    threads). Publishing errors never raise. A malformed topic path raises ``ValueError`` and
+    threads). Publishing errors never raise. A malformed topic path or credentials that cannot
+    be read (``unreadable_credentials``) raise ``ValueError`` and
     an unreadable file ``OSError`` and a compressed file not of its suffix's format
     ``UnreadableInput`` before anything is published. Uses
     ``google.cloud.pubsub_v1.PublisherClient``, which honours ``PUBSUB_EMULATOR_HOST``.
@@ -219,9 +221,12 @@ def publish_file(
     stop = stop or threading.Event()
     state = _Publishing(progress, waiting)
     silence = f"no confirmation from Pub/Sub for {timeout_s:g} s (gave up)"
+    try:
+        client = pubsub_v1.PublisherClient()
+    except OSError as error:  # not of the input: of the credentials file
+        raise unreadable_credentials(error) from None
     with _input(path) as handle:
         lines = message_lines(handle)
-        client = pubsub_v1.PublisherClient()
         try:
             gave_up = False
             for line, line_no in lines:

@@ -47,6 +47,7 @@ from fanin.contracts.parsing import read_join_id
 from fanin.contracts.timefmt import MAX_MS, MIN_MS, format_ms, parse_rfc3339
 from fanin.core.outcomes import encode_line
 from fanin.io.counted_report import CountedReport
+from fanin.io.credentials import unreadable_credentials
 from fanin.io.pubsub_drain import Drain, DrainableLocalRead
 from fanin.io.pubsub_publish import PublishLocally
 
@@ -135,6 +136,8 @@ def check_pubsub_resources(subscription: str | None = None, topics: Sequence[str
         raise ValueError("no Google credentials to reach Pub/Sub: set "
                          "PUBSUB_EMULATOR_HOST=HOST:PORT to use the Pub/Sub emulator, or set "
                          "up Application Default Credentials") from None
+    except OSError as error:
+        raise unreadable_credentials(error) from None
     try:
         for kind, path in asks:
             try:

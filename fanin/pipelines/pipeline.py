@@ -104,8 +104,16 @@ class RunConfig:
     def validate(self) -> None:
         if not self.output:
             raise ConfigError("--output is required")
+        try:
+            self.output.encode("utf-8")
+        except UnicodeEncodeError:  # bytes that are not UTF-8, escaped by Python
+            raise ConfigError(f"--output {os.fsencode(self.output)!r}: not UTF-8; Beam names "
+                              "the files it writes in UTF-8") from None
         if self.contracts_path == "" or "" in self.inputs:  # "" is no file (a glob of all)
             raise ConfigError("--contracts and --input name a file: an empty one names none")
+        if "" in (self.subscription, self.topic, self.bigquery_dataset, *self.topics.values()):
+            raise ConfigError("--subscription, --topic, --<kind>-topic and --bigquery-dataset "
+                              "name a resource: an empty one names none")
         sources = bool(self.inputs) + bool(self.subscription) + bool(self.topic)
         if sources != 1:
             raise ConfigError("give exactly one of --input, --subscription, --topic")
@@ -572,12 +580,17 @@ def _check_dataflow(config: RunConfig, options: PipelineOptions) -> None:
 
 def configure_options(config: RunConfig, beam_args: Sequence[str]) -> PipelineOptions:
     """Beam's options for ``config``: the runner made explicit, streaming set when needed, and
-    for Dataflow the checks of ``_check_dataflow`` (``ConfigError``, one line)."""
+    for Dataflow the checks of ``_check_dataflow`` (``ConfigError``, one line); a stream on
+    FnApiRunner, which runs bounded pipelines only, is refused the same way."""
     options = PipelineOptions(list(beam_args))
     standard = options.view_as(StandardOptions)
     standard.runner = choose_runner(config, options)
     if config.streaming:
         standard.streaming = True
+        if standard.runner == "FnApiRunner":  # Beam's bounded-only local runner
+            raise ConfigError("FnApiRunner runs bounded input only; a stream (--replay, "
+                              "Pub/Sub) runs on BundleBasedDirectRunner (the default), "
+                              "PrismRunner or FlinkRunner")
     if standard.runner.endswith("DataflowRunner"):
         _check_dataflow(config, options)
     parallelism = options.get_all_options().get("parallelism")

@@ -232,15 +232,20 @@ def with_local_job_server(beam_args: Sequence[str]) -> list[str]:
 
 def check_job_endpoint(beam_args: Sequence[str]) -> None:
     """A ``--job_endpoint`` HOST:PORT that refuses connections is bad use, said at once
-    (``ValueError``): Beam would wait ``--job_server_timeout`` (300 s) without a word. One
-    that does not answer within 5 s, and any other kind of target (``embed``, ``unix:...``),
-    is left to Beam."""
+    (``ValueError``): Beam would wait ``--job_server_timeout`` (300 s) without a word. So is
+    one that is not HOST:PORT (``garbage``: the same wait), except ``embed`` and the targets
+    of other schemes (``unix:...``, ``dns:///...``), which are left to Beam, as is a HOST:PORT
+    that does not answer within 5 s."""
     from apache_beam.options.pipeline_options import PipelineOptions, PortableOptions
 
     endpoint = PipelineOptions(list(beam_args)).view_as(PortableOptions).job_endpoint
-    host, _, port = (endpoint or "").rpartition(":")
-    if not host or not port.isdigit() or "/" in host:  # embed, unix:..., dns:///...: Beam's
+    if endpoint is None or endpoint == "embed" or "/" in endpoint or \
+            endpoint.startswith("unix:"):
         return
+    host, _, port = endpoint.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"--job_endpoint {endpoint}: give the job service as HOST:PORT "
+                         "(e.g. localhost:8099)")
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
     except (ConnectionRefusedError, socket.gaierror) as exc:

@@ -166,6 +166,12 @@ RUN_TYPE = tuple[str, tuple[int, bytes]]
 _GLOBAL = (GlobalWindow(),)
 
 
+def _lag_ms(max_disorder_s: float) -> int:
+    """``max_disorder_s`` in ms; beyond the span of timestamps (``MAX_MS``, which ``1e308``
+    seconds in ms overflows to infinity) it is that span: every line is covered either way."""
+    return int(min(max_disorder_s * 1000, MAX_MS))
+
+
 def _stamp(ms: int) -> Timestamp:
     return Timestamp(micros=ms * 1000)
 
@@ -344,7 +350,7 @@ class Replay(beam.PTransform[PBegin, pvalue.DoOutputsTuple]):
         round of bundles through every step, longer the more joins it holds; lines that lag
         more than ``max_disorder_s`` make an event each, nearly)."""
         self._scan = scan
-        self._stream, self.end_ms = self._plan(lines, int(max_disorder_s * 1000), horizon_ms,
+        self._stream, self.end_ms = self._plan(lines, _lag_ms(max_disorder_s), horizon_ms,
                                                retention_floor_ms, batch, scan)
         """The last watermark before the jump to +infinity that ends the stream."""
 

@@ -48,6 +48,15 @@ def test_too_many_joins_is_bad_use(tmp_path: Path, joins: str) -> None:
     assert not out.exists()
 
 
+def test_a_seed_of_too_many_digits_is_bad_use(tmp_path: Path) -> None:
+    """It is in every join id (256 characters at most): a traceback, an empty file left."""
+    out = tmp_path / "x.jsonl"
+    line = bad_use(tmp_path, "--joins", "2", "--seed", "9" * 101, "--out", str(out))
+    assert "--seed" in line and "at most 100 digits" in line
+    assert not out.exists()
+    assert main(["simulate", "--joins", "2", "--seed", "-" + "9" * 100, "--out", str(out)]) == 0
+
+
 @pytest.mark.parametrize("where", ["under_a_file", "a_folder", "missing_folder", "empty"])
 def test_an_out_file_that_cannot_be_written_is_bad_use(tmp_path: Path, where: str) -> None:
     (tmp_path / "afile").write_text("keep\n")

@@ -1,0 +1,130 @@
+"""Hostile values and environments at the command line (a review of every subcommand's
+options): each is one line on stderr and exit code 2 before anything is written, or runs as
+documented; none is a traceback, a wait of minutes, or a value silently ignored."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from support.child_env import same_code_env
+
+from fanin.cli import main
+from fanin.fleet.simulate import CONTRACTS_PATH
+
+EXAMPLE = str(Path(CONTRACTS_PATH).with_name("triage.jsonl"))
+FANIN = [sys.executable, "-c", "import sys; from fanin.cli import main; sys.exit(main())"]
+RUN = ["run", "--input", EXAMPLE, "--contracts", CONTRACTS_PATH]
+
+
+def _one_line(capsys: pytest.CaptureFixture[str]) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) >= 1 and "Traceback" not in "\n".join(err)
+    return err[-1]
+
+
+def _lines_of(out: Path) -> dict[str, list[str]]:
+    return {kind: sorted(line for f in (out / kind).glob("*.jsonl")
+                         for line in f.read_text().splitlines())
+            for kind in ("closes", "late", "dead_letter")}
+
+
+def test_a_disorder_beyond_the_span_of_timestamps_covers_every_line(tmp_path: Path) -> None:
+    """``--max-disorder-s 1e308`` is finite, so accepted: its milliseconds overflowed to
+    infinity (``OverflowError``, a traceback)."""
+    for name, disorder in (("huge", "1e308"), ("all", "1e9")):
+        assert main([*RUN, "--output", str(tmp_path / name), "--replay",
+                     "--max-disorder-s", disorder]) == 0
+    assert _lines_of(tmp_path / "huge") == _lines_of(tmp_path / "all")
+
+
+def test_an_output_folder_name_not_in_utf_8_is_refused_before_anything_is_written(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """It failed in the write step (Beam's log with a traceback, a garbled last line) and left
+    a folder marked partial."""
+    out = os.fsdecode(os.fsencode(str(tmp_path)) + b"/bad\xff")
+    assert main([*RUN, "--output", out]) == 2
+    assert _one_line(capsys) == (f"fanin: error: --output {os.fsencode(out)!r}: not UTF-8; "
+                                 "Beam names the files it writes in UTF-8")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_sql_not_in_utf_8_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """DuckDB's parser raised ``TypeError`` (a traceback)."""
+    assert main([*RUN, "--output", str(tmp_path / "o")]) == 0
+    capsys.readouterr()
+    assert main(["query", str(tmp_path / "o"), "select '" + os.fsdecode(b"\xff") + "'"]) == 2
+    assert _one_line(capsys) == "fanin query: error: the SQL is not UTF-8 text"
+
+
+def test_a_stream_on_fnapirunner_is_refused_before_earlier_outputs_are_deleted(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--replay --runner=FnApiRunner --overwrite`` deleted the earlier outputs, then failed
+    with ``beam:transform:teststream:v1`` (and left the folder marked partial)."""
+    out = tmp_path / "o"
+    assert main([*RUN, "--output", str(out)]) == 0
+    before = _lines_of(out)
+    capsys.readouterr()
+    assert main([*RUN, "--output", str(out), "--overwrite", "--replay",
+                 "--runner=FnApiRunner"]) == 2
+    assert _one_line(capsys) == (
+        "fanin: error: FnApiRunner runs bounded input only; a stream (--replay, Pub/Sub) runs "
+        "on BundleBasedDirectRunner (the default), PrismRunner or FlinkRunner")
+    assert _lines_of(out) == before
+    assert sorted(p.name for p in out.iterdir()) == ["closes", "dead_letter", "late"]
+
+
+@pytest.mark.parametrize("option", ["--closes-topic", "--late-topic", "--dead-letter-topic",
+                                    "--bigquery-dataset"])
+def test_an_empty_output_resource_is_refused(tmp_path: Path, option: str,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """An empty topic or dataset was dropped: the run ended "done" with nothing published."""
+    assert main([*RUN, "--output", str(tmp_path / "o"), "--replay", option, ""]) == 2
+    assert _one_line(capsys) == (
+        "fanin: error: --subscription, --topic, --<kind>-topic and --bigquery-dataset name a "
+        "resource: an empty one names none")
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_job_endpoint_that_is_not_host_and_port_is_refused_at_once(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--job_endpoint=garbage`` waited ``--job_server_timeout`` (minutes) without a word."""
+    assert main([*RUN, "--output", str(tmp_path / "o"), "--runner=PortableRunner",
+                 "--job_endpoint=garbage"]) == 2
+    assert _one_line(capsys) == ("fanin: error: --job_endpoint garbage: give the job service "
+                                 "as HOST:PORT (e.g. localhost:8099)")
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("command", ["run", "publish"])
+def test_credentials_that_cannot_be_read_name_the_variable(
+        tmp_path: Path, command: str, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``GOOGLE_APPLICATION_CREDENTIALS`` naming a folder: a traceback (``IsADirectoryError``)
+    from a run; ``fanin publish`` blamed its input file ("cannot read FILE")."""
+    monkeypatch.delenv("PUBSUB_EMULATOR_HOST", raising=False)
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path))
+    topic = "projects/my-project/topics/outputs"
+    argv = ([*RUN, "--output", str(tmp_path / "o"), "--replay", "--closes-topic", topic]
+            if command == "run" else ["publish", "--topic", topic, "--timeout", "5", EXAMPLE])
+    assert main(argv) == 2
+    line = _one_line(capsys)
+    assert line.endswith(f"GOOGLE_APPLICATION_CREDENTIALS={tmp_path}: cannot read it: Is a "
+                         "directory"), line
+
+
+@pytest.mark.parametrize(("argv", "closed", "line"), [
+    (["simulate", "--joins", "3", "--out", "-"], 1,
+     "fanin simulate: error: standard output is closed: give --out FILE"),
+    (["publish", "--topic", "projects/my-project/topics/outputs", "-"], 0,
+     "fanin publish: standard input is closed: give FILE")])
+def test_a_closed_standard_stream_is_one_line(argv: list[str], closed: int, line: str) -> None:
+    """Python holds None for a stream closed at start: ``AttributeError`` tracebacks."""
+    env = {**same_code_env(), "PUBSUB_EMULATOR_HOST": "127.0.0.1:1"}
+    done = subprocess.run([*FANIN, *argv], stdin=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                          text=True, timeout=120, check=False, env=env,
+                          preexec_fn=lambda: os.close(closed))
+    assert (done.returncode, done.stderr.strip().splitlines()) == (2, [line])
