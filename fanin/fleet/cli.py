@@ -23,9 +23,9 @@ Guarantees:
   file, a folder that does not exist, no permission), ``-`` when standard output is closed.
   An error while writing (disk full, a
   closed pipe) prints one line on stderr and returns 1; Ctrl-C, one line and 130. Either way
-  (but with ``--rate``, whose lines were written as they came due) a FILE that is a regular
-  file is removed: what was written of it would pass for a whole simulation, or end in a
-  line cut short.
+  (but with ``--rate``, whose lines were written as they came due) a FILE that is itself a
+  regular file (not a link to one) is removed: what was written of it would pass for a whole
+  simulation, or end in a line cut short.
 """
 
 from __future__ import annotations
@@ -145,12 +145,17 @@ def _write(args: argparse.Namespace, out: TextIO, rates: SimRates) -> SimSummary
     return write_lines(out, args.joins, args.seed, rates, start=start)
 
 
-def _discard(args: argparse.Namespace) -> None:
+def _discard(args: argparse.Namespace, opened: os.stat_result | None) -> None:
     """Remove the part of ``--out`` written before a failure or Ctrl-C (its last line cut,
-    or all lines whole: it would look complete): a regular file only, never a pipe or a
-    device, and not the traffic of ``--rate``, whose lines were written as they came due."""
+    or all lines whole: it would look complete): only when ``--out`` names, itself (not
+    through a link: ``/dev/stdout`` is one), the regular file this run ``opened``; never a
+    pipe or a device, and not the traffic of ``--rate``, whose lines were written as they
+    came due."""
+    if args.rate is not None or opened is None or not stat.S_ISREG(opened.st_mode):
+        return
     with contextlib.suppress(OSError):
-        if args.rate is None and args.out != "-" and stat.S_ISREG(os.stat(args.out).st_mode):
+        named = os.lstat(args.out)
+        if (named.st_dev, named.st_ino) == (opened.st_dev, opened.st_ino):
             os.remove(args.out)
 
 
@@ -175,15 +180,16 @@ def run_simulate(args: argparse.Namespace) -> int:
         print(f"fanin simulate: error: cannot write --out {args.out}: "
               f"{exc.strerror or exc}", file=sys.stderr)
         return 2
+    opened = None if out is sys.stdout else os.fstat(out.fileno())
     try:
         with contextlib.nullcontext() if out is sys.stdout else out:
             summary = _write(args, out, rates)
     except OSError as exc:
-        _discard(args)
+        _discard(args, opened)
         print(f"fanin simulate: cannot write {args.out}: {exc.strerror or exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        _discard(args)
+        _discard(args, opened)
         print("fanin simulate: interrupted", file=sys.stderr)
         return 130
     print(f"fanin simulate: wrote {args.out}: {summary.one_line()}",

@@ -135,3 +135,14 @@ def test_a_pipe_is_never_removed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     finally:
         os.close(reader)
     assert fifo.is_fifo()
+
+
+def test_a_link_to_the_file_is_never_removed(tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """FILE reached through a link (``/dev/stdout`` redirected to a file is one): removing the
+    name would remove the link, not what was written."""
+    monkeypatch.setattr(simulate_cli, "write_lines", _stops_after_some_lines(KeyboardInterrupt()))
+    target, link = tmp_path / "x.jsonl", tmp_path / "link"
+    os.symlink(target, link)
+    assert main(["simulate", "--joins", "3", "--out", str(link)]) == 130
+    assert link.is_symlink() and target.is_file()
