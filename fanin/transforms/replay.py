@@ -71,7 +71,7 @@ from apache_beam.utils.windowed_value import WindowedValue
 
 from fanin.contracts import records as R
 from fanin.contracts.parsing import parse_message
-from fanin.contracts.timefmt import MAX_MS, duration_ms, parse_rfc3339
+from fanin.contracts.timefmt import MAX_MS, MIN_MS, duration_ms, parse_rfc3339
 from fanin.core.outcomes import DEAD_LETTER
 from fanin.transforms.parse import RECORD_TYPE, RECORDS, ParseFn
 from fanin.transforms.read import Source, numbered_lines
@@ -167,9 +167,10 @@ _GLOBAL = (GlobalWindow(),)
 
 
 def _lag_ms(max_disorder_s: float) -> int:
-    """``max_disorder_s`` in ms; beyond the span of timestamps (``MAX_MS``, which ``1e308``
-    seconds in ms overflows to infinity) it is that span: every line is covered either way."""
-    return int(min(max_disorder_s * 1000, MAX_MS))
+    """``max_disorder_s`` in ms; beyond the span of timestamps (``MIN_MS`` to ``MAX_MS``;
+    ``1e308`` seconds in ms overflows to infinity) it is that span: every line is covered
+    either way."""
+    return int(min(max_disorder_s * 1000, MAX_MS - MIN_MS))
 
 
 def _stamp(ms: int) -> Timestamp:

@@ -4,6 +4,7 @@ documented; none is a traceback, a wait of minutes, or a value silently ignored.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -128,3 +129,25 @@ def test_a_closed_standard_stream_is_one_line(argv: list[str], closed: int, line
                           text=True, timeout=120, check=False, env=env,
                           preexec_fn=lambda: os.close(closed))
     assert (done.returncode, done.stderr.strip().splitlines()) == (2, [line])
+
+
+def test_a_huge_disorder_covers_lines_from_year_9999_back_to_year_1(tmp_path: Path) -> None:
+    """The widest disorder a file can have: a replay covering it gives the bounded run."""
+    lines = [{"kind": "open", "join_id": "late-era", "opened_at": "9999-12-31T23:59:00Z",
+              "required": ["a"], "deadline_s": 30},
+             {"join_id": "late-era", "branch": "a", "status": "ok",
+              "event_time": "9999-12-31T23:59:01Z"},
+             {"kind": "open", "join_id": "early-era", "opened_at": "0001-01-01T00:00:00Z",
+              "required": ["a", "b"], "deadline_s": 30},
+             {"join_id": "early-era", "branch": "a", "status": "ok",
+              "event_time": "0001-01-01T00:00:01Z"},
+             {"join_id": "early-era", "branch": "b", "status": "ok",
+              "event_time": "0001-01-01T00:00:02Z"}]
+    data = tmp_path / "eras.jsonl"
+    data.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    base = ["run", "--input", str(data), "--close-trigger", "watermark"]
+    assert main([*base, "--output", str(tmp_path / "bounded")]) == 0
+    assert main([*base, "--output", str(tmp_path / "replay"), "--replay",
+                 "--max-disorder-s", "1e308"]) == 0
+    assert _lines_of(tmp_path / "replay") == _lines_of(tmp_path / "bounded")
+    assert len(_lines_of(tmp_path / "bounded")["closes"]) == 2
