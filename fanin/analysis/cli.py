@@ -13,7 +13,8 @@ A folder a run is still writing, or one whose run stopped before its end
 
 Exit codes: 0 success; 2 for a missing DIR, bad or refused SQL, malformed output files, an
 unwritable FILE, a result beyond 1,000,000 rows or half the machine's memory, reported as one
-line on stderr (``fanin <cmd>: error: ...``), no traceback; 130 for Ctrl-C (one line; it
+line on stderr (``fanin <cmd>: error: ...``), no traceback; 1 (one line) when the reader of
+the output went away (a broken pipe: ``| head``); 130 for Ctrl-C (one line; it
 stops ``fanin query``'s running statement; ``fanin report``'s fixed statements run to their
 end first).
 """
@@ -44,6 +45,9 @@ def _guarded(name: str, body: Callable[[argparse.Namespace], None]) -> Callable[
             if warning is not None:  # a folder a run is writing, or one it left unfinished
                 print(f"fanin {name}: warning: {warning}", file=sys.stderr)
             body(args)
+        except BrokenPipeError:  # its reader went away (``| head``): not bad use
+            print(f"fanin {name}: cannot write its output: Broken pipe", file=sys.stderr)
+            return 1
         except _USER_ERRORS as exc:
             lines = str(exc).strip().splitlines() or [type(exc).__name__]
             # the first line, control characters shown (a message may quote a value)

@@ -239,3 +239,17 @@ def test_an_output_name_that_is_not_a_regular_file_is_named(
     assert capsys.readouterr().err.strip() == (
         f"fanin query: error: {odd}: not a regular file (a pipe, a device or a link to "
         "nothing): its rows cannot be read")
+
+
+@pytest.mark.parametrize("command", [["query", "select * from closes"], ["report"]])
+def test_a_reader_gone_away_is_one_line_exit_1(outputs: Path, command: list[str]) -> None:
+    """``| head``: it was exit 2, ``error: [Errno 32] Broken pipe`` (bad use, which it is not)."""
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before anything is written
+    try:
+        done = subprocess.run([FANIN, command[0], str(outputs), *command[1:]], stdout=write,
+                              stderr=subprocess.PIPE, text=True, timeout=120, check=False)
+    finally:
+        os.close(write)
+    assert (done.returncode, done.stderr.strip().splitlines()) == (
+        1, [f"fanin {command[0]}: cannot write its output: Broken pipe"])
