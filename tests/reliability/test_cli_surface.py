@@ -15,6 +15,7 @@ from support.child_env import same_code_env
 
 from fanin.cli import main
 from fanin.fleet.simulate import CONTRACTS_PATH
+from tests.reliability.runs import read_jsonl, write_lines
 
 EXAMPLE = str(Path(CONTRACTS_PATH).with_name("triage.jsonl"))
 FANIN = [sys.executable, "-c", "import sys; from fanin.cli import main; sys.exit(main())"]
@@ -27,19 +28,13 @@ def _one_line(capsys: pytest.CaptureFixture[str]) -> str:
     return err[-1]
 
 
-def _lines_of(out: Path) -> dict[str, list[str]]:
-    return {kind: sorted(line for f in (out / kind).glob("*.jsonl")
-                         for line in f.read_text().splitlines())
-            for kind in ("closes", "late", "dead_letter")}
-
-
 def test_a_disorder_beyond_the_span_of_timestamps_covers_every_line(tmp_path: Path) -> None:
     """``--max-disorder-s 1e308`` is finite, so accepted: its milliseconds overflowed to
     infinity (``OverflowError``, a traceback)."""
     for name, disorder in (("huge", "1e308"), ("all", "1e9")):
         assert main([*RUN, "--output", str(tmp_path / name), "--replay",
                      "--max-disorder-s", disorder]) == 0
-    assert _lines_of(tmp_path / "huge") == _lines_of(tmp_path / "all")
+    assert read_jsonl(tmp_path / "huge") == read_jsonl(tmp_path / "all")
 
 
 def test_an_output_folder_name_not_in_utf_8_is_refused_before_anything_is_written(
@@ -67,14 +62,14 @@ def test_a_stream_on_fnapirunner_is_refused_before_earlier_outputs_are_deleted(
     with ``beam:transform:teststream:v1`` (and left the folder marked partial)."""
     out = tmp_path / "o"
     assert main([*RUN, "--output", str(out)]) == 0
-    before = _lines_of(out)
+    before = read_jsonl(out)
     capsys.readouterr()
     assert main([*RUN, "--output", str(out), "--overwrite", "--replay",
                  "--runner=FnApiRunner"]) == 2
     assert _one_line(capsys) == (
         "fanin: error: FnApiRunner runs bounded input only; a stream (--replay, Pub/Sub) runs "
         "on BundleBasedDirectRunner (the default), PrismRunner or FlinkRunner")
-    assert _lines_of(out) == before
+    assert read_jsonl(out) == before
     assert sorted(p.name for p in out.iterdir()) == ["closes", "dead_letter", "late"]
 
 
@@ -143,11 +138,10 @@ def test_a_huge_disorder_covers_lines_from_year_9999_back_to_year_1(tmp_path: Pa
               "event_time": "0001-01-01T00:00:01Z"},
              {"join_id": "early-era", "branch": "b", "status": "ok",
               "event_time": "0001-01-01T00:00:02Z"}]
-    data = tmp_path / "eras.jsonl"
-    data.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    data = write_lines(tmp_path / "eras.jsonl", [json.dumps(line) for line in lines])
     base = ["run", "--input", str(data), "--close-trigger", "watermark"]
     assert main([*base, "--output", str(tmp_path / "bounded")]) == 0
     assert main([*base, "--output", str(tmp_path / "replay"), "--replay",
                  "--max-disorder-s", "1e308"]) == 0
-    assert _lines_of(tmp_path / "replay") == _lines_of(tmp_path / "bounded")
-    assert len(_lines_of(tmp_path / "bounded")["closes"]) == 2
+    assert read_jsonl(tmp_path / "replay") == read_jsonl(tmp_path / "bounded")
+    assert len(read_jsonl(tmp_path / "bounded")["closes"]) == 2
