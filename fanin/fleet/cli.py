@@ -90,12 +90,17 @@ def _joins_per_s(text: str) -> float:
 SEED_DIGITS = 100  # a join id "sim<seed>-<index>" stays far below 256 characters
 
 
-def count_arg(text: str) -> int:
-    """An integer >= 0 (an ``argparse`` type)."""
+def _integer(text: str) -> int:
+    """``text`` as an integer, else ``argparse.ArgumentTypeError``."""
     try:
-        value = int(text)
+        return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+
+
+def count_arg(text: str) -> int:
+    """An integer >= 0 (an ``argparse`` type)."""
+    value = _integer(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, not {value}")
     return value
@@ -104,10 +109,7 @@ def count_arg(text: str) -> int:
 def _seed(text: str) -> int:
     """An integer of at most ``SEED_DIGITS`` digits (it is in every join id and message id,
     which hold at most 256 characters)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    value = _integer(text)
     if len(str(abs(value))) > SEED_DIGITS:
         raise argparse.ArgumentTypeError(f"must have at most {SEED_DIGITS} digits")
     return value
