@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import io
 import logging
 import os
 import sys
@@ -354,7 +355,12 @@ def _file_error(error: BaseException | None) -> bool:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The ``fanin`` command; its exit status. Ctrl-C anywhere (also while it starts, before
-    a subcommand handles it) is one line, exit 130."""
+    a subcommand handles it) is one line, exit 130. A message that the locale's encoding
+    cannot spell (``PYTHONIOENCODING=ascii`` and a file name in another script) is written
+    with backslash escapes, never a traceback; data written to standard output (``fanin
+    query``'s result, ``fanin simulate --out -``) is UTF-8 or ASCII and is never escaped."""
+    if isinstance(sys.stdout, io.TextIOWrapper):
+        sys.stdout.reconfigure(errors="backslashreplace")
     try:
         return _main(argv)
     except KeyboardInterrupt:

@@ -5,8 +5,10 @@ gets ``func=callable(args) -> int``:
 
 - ``fanin query DIR "SQL" [--format table|csv|json] [--out FILE]``: runs one read-only statement
   over the views ``closes``, ``late``, ``dead_letter``; prints the result, or writes it to
-  exactly ``FILE``.
-- ``fanin report DIR [--html FILE]``: prints a summary and optionally writes the HTML report.
+  exactly ``FILE`` (``-``: standard output). The result is UTF-8 wherever it goes, whatever
+  the locale's encoding (``PYTHONIOENCODING``), so JSON and CSV are never re-spelled.
+- ``fanin report DIR [--html FILE]``: prints a summary and optionally writes the HTML report
+  (``--html -``: the HTML on standard output, the summary on standard error).
 
 A folder a run is still writing, or one whose run stopped before its end
 (``fanin.io.output_lock``), gets one warning line on stderr first; the command runs on.
@@ -29,7 +31,7 @@ from typing import TextIO
 import duckdb
 
 from fanin.analysis.query import FORMATS, outside_outputs, run_query, visible
-from fanin.analysis.report import build_report, summary_text, write_html
+from fanin.analysis.report import build_report, report_html, summary_text, write_html
 from fanin.io.credentials import require_google_credentials
 from fanin.io.output_lock import state_warning
 
@@ -78,20 +80,39 @@ def _stdout(instead: str) -> TextIO:
     return sys.stdout
 
 
-def _query(args: argparse.Namespace) -> None:
-    _reachable("--out", args.out)
-    out = _stdout("give --out FILE") if args.out is None else None
-    text = run_query(args.dir, args.sql, args.format, args.out)
-    if out is not None:
+def _write_utf8(out: TextIO, text: str) -> None:
+    """``text`` on ``out`` as UTF-8 bytes, whatever encoding the stream was opened with (a
+    stream without bytes underneath, such as a ``StringIO``, takes the text)."""
+    buffer = getattr(out, "buffer", None)
+    if buffer is None:
         out.write(text)
+        return
+    out.flush()
+    buffer.write(text.encode("utf-8"))
+    buffer.flush()
+
+
+def _query(args: argparse.Namespace) -> None:
+    to_stdout = args.out in (None, "-")
+    _reachable("--out", args.out)
+    out = _stdout("give --out FILE") if to_stdout else None
+    text = run_query(args.dir, args.sql, args.format, None if to_stdout else args.out)
+    if out is not None:
+        _write_utf8(out, text)
 
 
 def _report(args: argparse.Namespace) -> None:
+    html_to_stdout = args.html == "-"
     _reachable("--html", args.html)
-    out = _stdout("nowhere to print the summary")
-    if args.html is not None and "://" not in args.html:
+    out = _stdout("nowhere to print the " + ("HTML" if html_to_stdout else "summary"))
+    if args.html is not None and not html_to_stdout and "://" not in args.html:
         outside_outputs(args.dir, args.html, "--html")
     report = build_report(args.dir)
+    if html_to_stdout:
+        _write_utf8(out, report_html(report))
+        if sys.stderr is not None:
+            sys.stderr.write(summary_text(report))
+        return
     if args.html is not None:
         write_html(report, args.html)
     out.write(summary_text(report))
@@ -112,10 +133,13 @@ def add_subcommand(subparsers: argparse._SubParsersAction[argparse.ArgumentParse
     query.add_argument("dir", metavar="DIR", help="the pipeline's --output folder")
     query.add_argument("sql", metavar="SQL", help="one SELECT (or EXPLAIN) statement")
     query.add_argument("--format", choices=FORMATS, default="table", help="output format")
-    query.add_argument("--out", metavar="FILE", help="write the result to FILE instead of stdout")
+    query.add_argument("--out", metavar="FILE",
+                       help="write the result to FILE instead of stdout (-: stdout)")
     query.set_defaults(func=cmd_query)
 
     report = subparsers.add_parser("report", help="summarise an output folder")
     report.add_argument("dir", metavar="DIR", help="the pipeline's --output folder")
-    report.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report")
+    report.add_argument("--html", metavar="FILE",
+                        help="also write a self-contained HTML report (-: to stdout, the "
+                             "summary then to stderr)")
     report.set_defaults(func=cmd_report)

@@ -30,7 +30,8 @@ from fanin.analysis.query import open_outputs, visible
 from fanin.contracts.timefmt import format_ms
 from fanin.io.files import atomic_write
 
-__all__ = ["MAX_BUCKETS", "TOP_N", "Chart", "Report", "build_report", "summary_text", "write_html"]
+__all__ = ["MAX_BUCKETS", "TOP_N", "Chart", "Report", "build_report", "report_html",
+           "summary_text", "write_html"]
 
 MAX_BUCKETS = 60
 TOP_N = 15
@@ -235,10 +236,10 @@ _CSS = (
 )
 
 
-def write_html(report: Report, path: str | os.PathLike[str]) -> None:
-    """Write the report as one self-contained HTML file at ``path`` (atomic replace)."""
+def report_html(report: Report) -> str:
+    """The report as one self-contained HTML page."""
     generated = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-    html = (
+    return (
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
         f"<title>Fanin report</title><style>{_CSS}</style></head><body>"
         f"<h1>Fanin report</h1><p>Outputs: <code>{escape(report.directory)}</code>; "
@@ -246,4 +247,9 @@ def write_html(report: Report, path: str | os.PathLike[str]) -> None:
         + "".join(_section(c) for c in report.charts)
         + "</body></html>\n"
     )
+
+
+def write_html(report: Report, path: str | os.PathLike[str]) -> None:
+    """Write the report as one self-contained HTML file at ``path`` (atomic replace)."""
+    html = report_html(report)
     atomic_write(path, lambda fh: fh.write(html.encode("utf-8")))

@@ -145,3 +145,43 @@ def test_a_huge_disorder_covers_lines_from_year_9999_back_to_year_1(tmp_path: Pa
                  "--max-disorder-s", "1e308"]) == 0
     assert read_jsonl(tmp_path / "replay") == read_jsonl(tmp_path / "bounded")
     assert len(read_jsonl(tmp_path / "bounded")["closes"]) == 2
+
+
+def test_a_locale_that_cannot_spell_a_file_name_escapes_the_message_not_the_data(
+        tmp_path: Path) -> None:
+    """With ``PYTHONIOENCODING=ascii``, ``fanin simulate``'s summary naming ``é.jsonl`` was a
+    ``UnicodeEncodeError`` traceback after the file was written, and ``fanin query`` refused a
+    result holding ``é``. The message is escaped; the query's result stays exact UTF-8."""
+    env = {**same_code_env(), "PYTHONIOENCODING": "ascii"}
+    data = tmp_path / "é.jsonl"
+    done = subprocess.run([*FANIN, "simulate", "--joins", "2", "--out", str(data)],
+                          capture_output=True, timeout=120, check=False, env=env)
+    assert (done.returncode, done.stderr) == (0, b"")
+    assert done.stdout.startswith(b"fanin simulate: wrote " + os.fsencode(tmp_path) +
+                                  b"/\\xe9.jsonl: ")
+    write_lines(data, ['{"kind": "open", "join_id": "j\\u00e9", "required": ["a"], '
+                       '"opened_at": "2026-01-01T00:00:00Z"}'])
+    assert main([*RUN[:2], str(data), "--output", str(tmp_path / "o")]) == 0
+    done = subprocess.run([*FANIN, "query", str(tmp_path / "o"), "select join_id from closes",
+                           "--format", "csv"],
+                          capture_output=True, timeout=120, check=False, env=env)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "join_id\njé\n".encode(), b"")
+
+
+def test_a_dash_names_standard_output_for_query_and_report(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--out -`` and ``--html -`` wrote files named ``-`` in the working folder; ``-`` is
+    standard output, as for ``fanin simulate --out -``: the HTML there, the summary on
+    standard error."""
+    assert main([*RUN, "--output", str(tmp_path / "o")]) == 0
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    assert main(["query", "o", "select count(*) as n from closes", "--format", "csv",
+                 "--out", "-"]) == 0
+    assert capsys.readouterr().out == f"n\n{len(read_jsonl(tmp_path / 'o')['closes'])}\n"
+    assert main(["report", "o", "--html", "-"]) == 0
+    shown = capsys.readouterr()
+    assert shown.out.startswith("<!DOCTYPE html>") and shown.out.endswith("</html>\n")
+    assert shown.err.startswith("Fanin outputs in o\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["o"]
