@@ -43,6 +43,7 @@ from fanin.contracts.timefmt import parse_rfc3339
 from fanin.fleet.simulate import (
     EPOCH,
     SHOWCASE_RATES,
+    PastYear9999,
     SimRates,
     SimSummary,
     check_probability,
@@ -190,6 +191,10 @@ def run_simulate(args: argparse.Namespace) -> int:
         _discard(args, opened)
         print(f"fanin simulate: cannot write {args.out}: {exc.strerror or exc}", file=sys.stderr)
         return 1
+    except PastYear9999 as exc:  # --start too late for this many joins: bad use
+        _discard(args, opened)
+        print(f"fanin simulate: error: --start {args.start}: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         _discard(args, opened)
         print("fanin simulate: interrupted", file=sys.stderr)

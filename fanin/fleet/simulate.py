@@ -9,7 +9,8 @@ Guarantees:
 - Join ``i`` opens at ``start + i * stagger_ms`` (default ``EPOCH`` and ``STAGGER_MS``;
   seed-independent), so joins overlap in event time. Another ``start`` shifts every time of the
   run by the same amount (same seed, same lines otherwise). Times are RFC 3339 UTC with
-  milliseconds.
+  milliseconds; a run that would reach past year 9999 raises ``PastYear9999`` (a
+  ``ValueError``) when it gets there, never a time clamped to the end of year 9999.
 - ``timed_lines`` yields each line with its arrival time (epoch ms: when the fleet delivers it;
   never before its own event time); ``write_paced`` writes them in real time, each when the
   clock reaches its arrival time, from ``start`` = now: a live stream whose event times follow
@@ -56,7 +57,7 @@ from pathlib import Path
 from typing import Any, NamedTuple, TextIO
 
 from fanin.contracts.catalog import Contract, JoinDefaults, parse_contracts
-from fanin.contracts.timefmt import duration_ms, format_ms, parse_rfc3339
+from fanin.contracts.timefmt import MAX_MS, duration_ms, format_ms, parse_rfc3339
 from fanin.sdk.context import JoinContext
 from fanin.sdk.messages import Status, encode_message, open_message, receipt_message
 
@@ -70,6 +71,7 @@ __all__ = [
     "MALFORMED",
     "SHOWCASE_RATES",
     "STAGGER_MS",
+    "PastYear9999",
     "SimLine",
     "SimRates",
     "SimSummary",
@@ -292,7 +294,7 @@ class _Generator:
     def _receipt(self, join: _Join, branch: str, status: Status, event_ms: int, *,
                  attempt: int = 1, key: str | None = None, value: Any = None,
                  error: str | None = None) -> dict[str, Any]:
-        return receipt_message(join.ctx, branch, status, format_ms(event_ms),
+        return receipt_message(join.ctx, branch, status, _instant(event_ms),
                                self._message_id(), attempt=attempt, key=key, value=value,
                                error=error)
 
@@ -327,7 +329,7 @@ class _Generator:
                 open_fields["optional"] = optional
             if rng.random() < 0.3:
                 open_fields["allow_partial"] = True
-        ctx = JoinContext(join_id=f"sim{self.seed}-{index:06d}", opened_at=format_ms(opened_ms),
+        ctx = JoinContext(join_id=f"sim{self.seed}-{index:06d}", opened_at=_instant(opened_ms),
                           contract=contract, run_id=f"run-{self.seed}-{index // 1000:03d}")
         return _Join(ctx, opened_ms, duration_ms(deadline_s), required, optional, keyed,
                      open_fields)
@@ -431,6 +433,19 @@ class _Generator:
         else:
             msg["contract"] = rng.choice(_UNKNOWN_CONTRACTS)
         return encode_message(msg)
+
+
+class PastYear9999(ValueError):
+    """The simulation reached an instant after 9999-12-31T23:59:59.999Z (a late ``start``)."""
+
+
+def _instant(ms: int) -> str:
+    """``ms`` as RFC 3339 text; ``PastYear9999`` past the last instant RFC 3339 can write,
+    never a time clamped to it (which would break the shift-by-``start`` guarantee)."""
+    if ms > MAX_MS:
+        raise PastYear9999("the simulation runs past 9999-12-31T23:59:59.999Z, the last "
+                           "instant RFC 3339 can write: give an earlier start")
+    return format_ms(ms)
 
 
 def _start_ms(start: str | int) -> int:

@@ -79,6 +79,20 @@ def test_rate_with_a_fixed_start_is_one_line(tmp_path: Path) -> None:
     assert not out.exists()
 
 
+def test_a_start_too_late_for_the_simulation_is_bad_use(tmp_path: Path) -> None:
+    """Every time after year 9999 was written as 9999-12-31T23:59:59.999Z, without a word:
+    a file whose joins all opened and reported at one instant."""
+    out = tmp_path / "x.jsonl"
+    line = bad_use(tmp_path, "--joins", "3", "--start", "9999-12-31T23:59:59.999Z",
+                   "--out", str(out))
+    assert line.startswith("fanin simulate: error: --start 9999-12-31T23:59:59.999Z: ")
+    assert "past 9999-12-31T23:59:59.999Z" in line
+    assert not out.exists()
+    assert main(["simulate", "--joins", "3", "--start", "9999-12-31T00:00:00Z",
+                 "--out", str(out)]) == 0
+    assert out.read_text().count("9999-12-31T") > 3
+
+
 def test_the_bounds_themselves_are_accepted() -> None:
     parser = argparse.ArgumentParser(prog="fanin")
     add_subcommand(parser.add_subparsers(dest="command", required=True))
