@@ -12,7 +12,8 @@ Guarantees:
 - ``Catalog.definition`` resolves each of ``required``, ``optional``, ``deadline_s``,
   ``allow_partial``, ``fail_fast`` from the open, else the contract, else the defaults; and
   ``close_trigger``, ``retention_s`` and ``schemas`` from the contract, else the defaults. Equal
-  inputs give the same (cached, immutable) ``Definition`` object.
+  inputs give equal (immutable) ``Definition`` objects; up to 4,096 distinct inputs are
+  cached (then the cache starts again), so equal inputs usually give the same object.
 """
 
 from __future__ import annotations

@@ -26,20 +26,18 @@ from typing import Any
 
 from fanin.contracts import records as R
 from fanin.contracts.catalog import Catalog
-from fanin.core.closing import Closed, Undefined, decide, late_reason
-from fanin.core.outcomes import LATE, closed_outputs, late_object, rejected_outputs
+from fanin.core.closing import Closed, Undefined, decide
+from fanin.core.full_join import beyond_limit_outputs, boundary, full_decision
+from fanin.core.outcomes import Output, closed_outputs, rejected_outputs
 
-__all__ = ["TOO_LARGE_DETAIL", "UNDEFINED_DETAIL", "OnError", "arrival_order",
-           "bounded_outputs", "held_count", "message_bytes"]
+__all__ = ["UNDEFINED_DETAIL", "OnError", "arrival_order", "bounded_outputs", "held_count",
+           "message_bytes"]
 
-Output = tuple[str, dict[str, Any]]
 # what the caller makes of records the core failed on (the exception, those records)
 OnError = Callable[[Exception, Iterable[R.Record]], Iterable[Output]]
 
 UNDEFINED_DETAIL = ("no required branches from the open, its contract or the defaults by the "
               "deadline")
-TOO_LARGE_DETAIL = ("the join holds max_messages_per_join messages or max_bytes_per_join bytes of "
-              "messages already")
 def message_bytes(record: R.Record) -> int:
     """UTF-8 bytes of the record's message as received (what max_bytes_per_join counts)."""
     raw = record[R.RAW]
@@ -111,19 +109,20 @@ def bounded_outputs(records: Iterable[R.Record], catalog: Catalog, max_messages:
             yield from on_error(exc, known if known is not None else _after(records, after))
             return
         yield from decided
-        boundary = _boundary(outcome)
+        full = full_decision(outcome)
+        end = boundary(full)
         if known is not None:  # the next round's records, as the input gave them
             rest = outcome.reopened if isinstance(outcome, Closed) else outcome.rest
             beyond: Iterable[R.Record] = overflow
-            known = rest + [r for r in overflow if r[R.TIME] > boundary]
+            known = rest + [r for r in overflow if r[R.TIME] > end]
         else:
             beyond = (r for i, r in enumerate(_after(records, after))
                       if (arrival_order(r), i) > last)
             known = None
         for record in beyond:
-            if record[R.TIME] <= boundary:
-                yield from _beyond_limit(record, outcome, on_error)
-        after = boundary
+            if record[R.TIME] <= end:
+                yield from _beyond_limit(record, full, on_error)
+        after = end
 
 
 def _after(records: Iterable[R.Record], after: int | None) -> Iterator[R.Record]:
@@ -150,23 +149,11 @@ def _decided_outputs(outcome: Closed | Undefined) -> Iterator[Output]:
     return rejected_outputs(outcome.rejected, "undefined_join", UNDEFINED_DETAIL)
 
 
-def _boundary(outcome: Closed | Undefined) -> int:
-    """Records after it start the next join: the tombstone's end, or an undefined join's
-    decision time."""
-    if isinstance(outcome, Closed):
-        return outcome.tombstone_end
-    return outcome.decided_at
-
-
-def _beyond_limit(record: R.Record, outcome: Closed | Undefined, on_error: OnError | None
+def _beyond_limit(record: R.Record, full: list[Any], on_error: OnError | None
                   ) -> Iterable[Output]:
-    """The output of a record beyond the per-join limit, decided no later than the round's
-    boundary: late if after a close's ``closed_at``, else ``join_too_large``."""
+    """``beyond_limit_outputs``, its failure handed to ``on_error``."""
     try:
-        if isinstance(outcome, Closed) and record[R.TIME] > outcome.closed_at:
-            return [(LATE, late_object(record, late_reason(record[R.TIME], outcome.deadline),
-                                       outcome.reason))]
-        return list(rejected_outputs([record], "join_too_large", TOO_LARGE_DETAIL))
+        return beyond_limit_outputs(record, full)
     except Exception as exc:
         if on_error is None:
             raise

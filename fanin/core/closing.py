@@ -12,7 +12,8 @@ Guarantees:
 - With a finite ``horizon`` (the watermark: every record with event time <= horizon is known)
   the decision never depends on records after the horizon unless the join's ``close_trigger``
   is ``eager``: an eager join closes at the first closable point among the records received,
-  without waiting; a ``watermark`` join only when that point is <= horizon.
+  without waiting (also under a definition that records moved ``D`` behind themselves:
+  docs/spec.md §2, step 2); a ``watermark`` join only when that point is <= horizon.
 - ``closed_at <= D`` of the closing definition, always, and ``closed_at >= opened_at``.
   The close holds exactly the records with effective event time (``max(event_time,
   opened_at)``) <= ``closed_at``; every other record of the join is late: reason
@@ -171,13 +172,18 @@ def _moved_behind(reducer: JoinReducer, ordered: list[R.Record], i: int, t: int,
     The join closes at the least time in ``[opened_at, D]`` at which the reducer under the new
     definition, over the records with effective event time up to it, is closable, else at
     ``D``; the records at ``t`` (and any others after ``D``) are late. An undefined join
-    rejects every record up to ``t``. Needs every record up to ``t`` (``horizon >= t``).
+    rejects every record up to ``t``. Needs every record up to ``t`` (``horizon >= t``),
+    except that an ``eager`` definition closes at once at a closable time found among the
+    records received (docs/spec.md §4: eager fires the moment the messages received make the
+    join closable); a close at ``D`` or an undefined join waits for the horizon.
     """
-    if horizon is not None and horizon < t:
+    waits = horizon is not None and horizon < t
+    defn = reducer.definition
+    if waits and defn.close_trigger != "eager":
         return Pending(t)
-    defn, opened, deadline = reducer.definition, _opened_at(reducer), _deadline(reducer)
+    opened, deadline = _opened_at(reducer), _deadline(reducer)
     if defn.required is None:
-        return Undefined(ordered[:i], ordered[i:], deadline, t)
+        return Pending(t) if waits else Undefined(ordered[:i], ordered[i:], deadline, t)
     pinned = JoinReducer(reducer.catalog)
     pinned.pin(defn, opened, ordered[0][R.JOIN_ID])
     j = 0
@@ -189,7 +195,7 @@ def _moved_behind(reducer: JoinReducer, ordered: list[R.Record], i: int, t: int,
         if pinned.closable():
             return _closed(pinned, at, ordered, j, deadline, t)
         if j == i or ordered[j][_TIME] > deadline:
-            return _closed(pinned, deadline, ordered, j, deadline, t)
+            return Pending(t) if waits else _closed(pinned, deadline, ordered, j, deadline, t)
         at = ordered[j][_TIME]
 
 

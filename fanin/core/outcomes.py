@@ -22,10 +22,11 @@ from fanin.contracts import records as R
 from fanin.contracts.parsing import dead_letter
 from fanin.core.closing import Closed
 
-__all__ = ["CLOSES", "DEAD_LETTER", "LATE", "closed_outputs", "encode_line", "late_object",
-           "log_close", "rejected_outputs"]
+__all__ = ["CLOSES", "DEAD_LETTER", "LATE", "Output", "closed_outputs", "encode_line",
+           "late_object", "log_close", "rejected_outputs"]
 
 CLOSES, LATE, DEAD_LETTER = "closes", "late", "dead_letter"
+Output = tuple[str, dict[str, Any]]  # (the output's kind, its object)
 _CLOSE_LOG = logging.getLogger("fanin.close")
 
 
@@ -59,9 +60,24 @@ def log_close(close: dict[str, Any]) -> None:
 
 def encode_line(obj: dict[str, Any]) -> str:
     """The one encoding of an output object, for files and Pub/Sub topics alike: compact
-    UTF-8 JSON, fields in the order built. orjson, or the standard encoder for what orjson
-    refuses (integers beyond 64 bits); both give the same text."""
+    UTF-8 JSON, fields in the order built, every number as orjson writes it (a double in its
+    shortest form, ``1e-7``). An integer orjson refuses (beyond 64 bits) is written with its
+    digits, the rest of the object as orjson writes it (the standard encoder would spell the
+    object's doubles otherwise: ``1e-07``)."""
     try:
         return orjson.dumps(obj).decode()
     except TypeError:
-        return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+        return orjson.dumps(_big_integers_as_digits(obj)).decode()
+
+
+def _big_integers_as_digits(value: Any) -> Any:
+    """``value`` with every integer outside orjson's range (-2^63 .. 2^64-1) as a fragment
+    of its digits."""
+    kind = type(value)
+    if kind is dict:
+        return {key: _big_integers_as_digits(item) for key, item in value.items()}
+    if kind is list or kind is tuple:
+        return [_big_integers_as_digits(item) for item in value]
+    if kind is int and not -2**63 <= value < 2**64:
+        return orjson.Fragment(int.__repr__(value))
+    return value

@@ -16,10 +16,12 @@ Metrics (namespace ``fanin``): ``closes.<reason>``, ``late.<reason>``,
 ``dead_letter.<error>``, distribution ``close.latency_ms``.
 
 Poison-proof: an exception raised by the core while folding, deciding or encoding one join
-(every such call goes through ``_core``) does not fail the bundle, which a runner would retry
-forever in a stream. The records that join holds (and the one arriving) go to ``dead_letter``
-with error ``internal_error`` (``detail``: the exception's type and first line), the join's
-state is cleared, the counter ``dead_letter.internal_error`` grows, and the run goes on.
+does not fail the bundle, which a runner would retry forever in a stream; the counter
+``dead_letter.internal_error`` grows and the run goes on. Streaming (every such call goes
+through ``_core``): the records that join holds (and the one arriving) go to
+``dead_letter`` with error ``internal_error`` (``detail``: the exception's type and first
+line) and the join's state is cleared. Bounded (``bounded_outputs``' ``on_error``): the
+outputs already emitted stand and the records not yet in an output are those dead letters.
 """
 
 from __future__ import annotations

@@ -18,14 +18,9 @@ from apache_beam.utils.timestamp import Timestamp
 
 from fanin.contracts import records as R
 from fanin.contracts.catalog import Catalog
-from fanin.core.bounded import (
-    TOO_LARGE_DETAIL,
-    UNDEFINED_DETAIL,
-    arrival_order,
-    held_count,
-    message_bytes,
-)
+from fanin.core.bounded import UNDEFINED_DETAIL, arrival_order, held_count, message_bytes
 from fanin.core.closing import Closed, Pending, Undefined, decide, late_reason
+from fanin.core.full_join import beyond_limit_outputs, boundary, full_decision
 from fanin.core.outcomes import LATE, closed_outputs, late_object, rejected_outputs
 from fanin.core.reducer import JoinReducer
 from fanin.transforms.join_outputs import (
@@ -88,31 +83,11 @@ def _read_meta(meta: Any) -> list[Any] | None:
     return value
 
 
-def _boundary(full: list[Any]) -> int | None:
-    """Where a full join's final decision ``FULL`` ends: its tombstone's end after a close
-    (None for a ``FULL`` an earlier Fanin wrote without it), its decision time when undefined.
-    A record after it belongs to the next join."""
-    if full[0] is None:
-        return int(full[1])
-    return int(full[3]) if len(full) > 3 else None
-
-
-def _beyond_limit(record: R.Record, full: list[Any]) -> list[Any]:
-    """The output of a record that does not fit a full join and is not after ``_boundary``
-    (docs/spec.md §4, per-join limits): late if the join closed before its event time, else
-    ``join_too_large``."""
-    closed_at, deadline, reason = full[:3]
-    time = record[R.TIME]
-    if closed_at is not None and time > closed_at:
-        return [(LATE, _core(late_object, record, late_reason(time, deadline), reason))]
-    return list(rejected_outputs([record], "join_too_large", TOO_LARGE_DETAIL))
-
-
 class JoinDoFn(_Counting):
     """The streaming join: per ``join_id`` state in the global window, event-time timers.
 
     State: ``MSGS`` (bag of the join's records), ``META`` (bookkeeping; its slots are named
-    by the module's ``EPOCH`` ... ``FULL`` constants). Timers: ``DECIDE`` (event time: the
+    by the module's ``EPOCH`` ... ``BYTES`` constants). Timers: ``DECIDE`` (event time: the
     next time the closing decision must be re-asked) and ``EXPIRE`` (event time: tombstone end
     ``D + retention``).
 
@@ -220,6 +195,17 @@ class JoinDoFn(_Counting):
             return True
         return wake is None or wake <= horizon or record[R.TIME] < wake
 
+    @staticmethod
+    def _moved_behind_eagerly(reducer: JoinReducer, latest: int) -> bool:
+        """An ``eager`` join whose ``D`` lies before its latest record: records may have moved
+        ``D`` behind themselves (docs/spec.md §2, step 2), and the close under the new
+        definition is then found among the records received, without waiting (or, if it is
+        not there, the decision says when to ask again)."""
+        if reducer.definition.close_trigger != "eager":
+            return False
+        deadline = _core(reducer.deadline)
+        return deadline is not None and deadline < latest
+
     def _first_decision(self, records: list[R.Record], deadline: int) -> int:
         """The first time the closing decision over ``records`` can be made: a close time of
         a prefix, or an earlier ``D`` in force before later records moved it (docs/spec.md §2,
@@ -296,33 +282,29 @@ class JoinDoFn(_Counting):
         join is settled now and the record starts the next one); else ``join_too_large``.
         """
         full = self._full_decision(value, msgs, meta)
-        boundary = _boundary(full)
-        if boundary is not None and record[R.TIME] > boundary:
+        end = boundary(full)
+        if record[R.TIME] > end:
             # after the decided join: the record starts the next one, so the final decision
             # is applied now (the close or the rejection, at the horizon it was made at)
             msgs.add(record)
             self._holding = True
             value[COUNT] += 1
             value[BYTES] += message_bytes(record)
-            value[HORIZON] = max(value[HORIZON], boundary)
+            value[HORIZON] = max(value[HORIZON], end)
             value[FULL] = None
             yield from self._settle(join_id, list(msgs.read()), value, msgs, meta,
                                     decide_timer, expire_timer)
         else:
-            yield from self._emit(_beyond_limit(record, full))
+            yield from self._emit(_core(beyond_limit_outputs, record, full))
 
     def _full_decision(self, value: list[Any], msgs: Any, meta: Any) -> list[Any]:
         """``FULL``: the final decision over a full bag (computed once, then kept in META)."""
         full = value[FULL]
         if full is None:
             outcome = _core(decide, list(msgs.read()), self._catalog, None)
-            if isinstance(outcome, Closed):
-                full = [outcome.closed_at, outcome.deadline, outcome.reason,
-                        outcome.tombstone_end]
-            elif isinstance(outcome, Undefined):
-                full = [None, outcome.decided_at, None]
-            else:
+            if not isinstance(outcome, (Closed, Undefined)):
                 raise ValueError(f"a full join must be decided, not {outcome!r}")
+            full = full_decision(outcome)
             value[FULL] = full
             meta.write(value)
         return list(full)
@@ -347,10 +329,10 @@ class JoinDoFn(_Counting):
         if value[COUNT] >= self._max_messages or (value[COUNT] and size > self._max_bytes):
             value[BYTES] = max(value[BYTES], self._max_bytes)  # full: stays full
             full = self._full_decision(value, msgs, meta)
-            boundary = _boundary(full)
-            if boundary is None or time <= boundary:
+            end = boundary(full)
+            if time <= end:
                 meta.write(value)
-                yield from self._emit(_beyond_limit(record, full))
+                yield from self._emit(_core(beyond_limit_outputs, record, full))
                 return
             size = value[BYTES] + message_bytes(record)
         msgs.add(record)
@@ -419,7 +401,7 @@ class JoinDoFn(_Counting):
             reducer = self._rebuild(join_id, epoch, count + 1, records)
             latest = self._cache[join_id][4]
         if record[R.TIME] <= horizon or (_core(reducer.closable) and self._decide_now(
-                reducer, record, horizon, wake)):
+                reducer, record, horizon, wake)) or self._moved_behind_eagerly(reducer, latest):
             # _settle writes META (or clears the state) on every path
             yield from self._settle(join_id, records,
                                     [epoch, count + 1, horizon, wake, None, None, size], msgs,

@@ -12,7 +12,8 @@ from support.builders import make_catalog, open_msg, receipt, records
 
 from fanin.contracts import records as R
 from fanin.core import bounded
-from fanin.core.bounded import TOO_LARGE_DETAIL, bounded_outputs
+from fanin.core.bounded import bounded_outputs
+from fanin.core.full_join import TOO_LARGE_DETAIL
 
 Output = tuple[str, dict[str, Any]]
 

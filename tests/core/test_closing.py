@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from support.builders import make_catalog, open_msg, receipt, records
+from support.builders import make_catalog, open_msg, receipt, records, ts
 
 from fanin.contracts.records import Record
 from fanin.contracts.timefmt import parse_rfc3339
@@ -106,6 +106,26 @@ def test_horizon_watermark_trigger_waits_and_eager_does_not() -> None:
     assert isinstance(done, Closed) and done.reason == "complete"
     eager = records([open_msg(contract="strict"), receipt("a", 1), receipt("b", 2)], catalog)
     assert isinstance(decide(eager, catalog, horizon=0), Closed)
+
+
+def test_a_definition_moved_behind_its_records_closes_eagerly_without_the_horizon() -> None:
+    """docs/spec.md §2 step 2 under §4's eager trigger: a and b name ``triage`` (which needs
+    other branches), x names ``strict``, the least name, which moves ``D`` (11 s) before x
+    (15 s); the close under it is found among the records received (complete at 2 s), so an
+    eager join closes at once. It waited for the horizon to pass 15 s, as a watermark join
+    does; a close at ``D`` (nothing closable among what was received) still waits."""
+    def received(*branches: str) -> list[Record]:
+        return records([*(receipt(b, 1 + i, contract="triage") for i, b in enumerate(branches)),
+                        receipt("x", 15, contract="strict")], catalog)
+    catalog = make_catalog()
+    eager = decide(received("a", "b"), catalog, horizon=0)
+    assert isinstance(eager, Closed) and eager.reason == "complete"
+    assert eager.close["closed_at"] == ts(2) and eager.close["counts"]["messages"] == 2
+    assert [reason for _, reason in eager.late] == ["after_deadline"]
+    assert decide(received("a"), catalog, horizon=0) == Pending(parse_rfc3339(ts(15)))
+    catalog = make_catalog(close_trigger="watermark")
+    assert decide(received("a", "b"), catalog, horizon=0) == Pending(parse_rfc3339(ts(15)))
+    assert decide(received("a", "b"), catalog, horizon=parse_rfc3339(ts(15))) == eager
 
 
 def test_deadline_needs_the_horizon() -> None:

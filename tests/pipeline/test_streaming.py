@@ -86,6 +86,20 @@ def test_eager_closes_on_arrival_before_any_watermark_advance() -> None:
          LATE: equal_to([("j", "after_close", "complete", "b")])}, PROJECT)
 
 
+def test_eager_closes_on_the_arrival_that_moves_the_deadline_behind_itself() -> None:
+    """a and b name ``triage`` (which needs other branches); x names ``strict`` (the least
+    name wins: a and b by 10 s), which moves ``D`` to 11 s, before x at 15 s (docs/spec.md §2,
+    step 2). The messages received make the join closable at 2 s, so the eager close fires on
+    x's arrival and q, arriving after it, is late. It waited for the watermark to pass 15 s,
+    took q in (an unknown branch) and closed ``timeout``."""
+    run_stream(
+        [add(receipt("a", 1, contract="triage"), receipt("b", 2, contract="triage")),
+         add(receipt("x", 15, contract="strict")), add(receipt("q", 0.5)), watermark(100)],
+        {CLOSES: equal_to([("j", "complete", "00:00:02", 2)]),
+         LATE: equal_to([("j", "after_deadline", "complete", "x"),
+                         ("j", "after_close", "complete", "q")])}, PROJECT)
+
+
 def test_watermark_trigger_waits_for_the_watermark() -> None:
     # contract "watch": a retry of "a" that arrives after "b" but before the watermark
     # passes 2 s is part of the close (under eager it would be late)
