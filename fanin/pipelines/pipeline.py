@@ -15,6 +15,7 @@ Guarantees:
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 import math
 import os
@@ -36,6 +37,7 @@ from apache_beam.options.pipeline_options import (
     WorkerOptions,
 )
 from apache_beam.pvalue import PCollection
+from apache_beam.runners.runner import PipelineRunner
 
 from fanin.contracts.catalog import Catalog, JoinDefaults, load_contracts
 from fanin.contracts.parsing import DEFAULT_MAX_BYTES
@@ -199,6 +201,27 @@ def runner_in(beam_args: Sequence[str]) -> str | None:
     none."""
     named: str | None = PipelineOptions(list(beam_args)).view_as(StandardOptions).runner
     return None if named is None else runner_class_name(named)
+
+
+def _check_runner_class(name: str) -> None:
+    """A ``--runner`` given as a module path (``runner_class_name`` leaves a dot only in a
+    runner Beam does not know) must name a ``PipelineRunner`` class that imports; else one
+    ``ConfigError`` line (Beam's import of it was a traceback when the job was built)."""
+    if "." not in name:
+        return  # a runner Beam knows, or a name Beam refuses itself in one line
+    module, _, attribute = name.rpartition(".")
+    try:
+        runner = getattr(importlib.import_module(module), attribute)
+    except ImportError as exc:
+        raise ConfigError(f"--runner {name}: cannot import {module}: {exc}") from None
+    except AttributeError:
+        raise ConfigError(f"--runner {name}: {module} has no {attribute}") from None
+    except Exception as exc:  # the module itself fails as it is imported
+        raise ConfigError(f"--runner {name}: importing {module} failed: "
+                          f"{type(exc).__name__}: {exc}") from None
+    if not (isinstance(runner, type) and issubclass(runner, PipelineRunner)):
+        raise ConfigError(f"--runner {name}: not a Beam runner class (a subclass of "
+                          "apache_beam.runners.runner.PipelineRunner)")
 
 
 # Runners whose triggers Beam's Python SDK executes in process (the others run them runner-side)
@@ -585,6 +608,7 @@ def configure_options(config: RunConfig, beam_args: Sequence[str]) -> PipelineOp
     options = PipelineOptions(list(beam_args))
     standard = options.view_as(StandardOptions)
     standard.runner = choose_runner(config, options)
+    _check_runner_class(standard.runner)
     if config.streaming:
         standard.streaming = True
         if standard.runner == "FnApiRunner":  # Beam's bounded-only local runner
