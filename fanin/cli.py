@@ -14,7 +14,7 @@ Guarantees:
   files (a full disk). Ctrl-C stops a bounded run or a replay with one line and exit 130
   (its output folder keeps the mark of an unfinished run, ``fanin.io.output_lock``); a
   Pub/Sub run drains on the first (``fanin.io.pubsub_drain``).
-- The runner is always explicit (see ``pipelines.pipeline.choose_runner``) and is logged.
+- The runner is always explicit (see ``pipelines.runner_choice.choose_runner``) and is logged.
 - Each subcommand's module is imported only when that subcommand runs: ``fanin --help``,
   ``fanin query`` and ``fanin report`` never import Apache Beam.
 """

@@ -1,7 +1,8 @@
 """Google Cloud names a Dataflow job is given, checked offline (one ``ValueError`` line each):
 project ids, regions, ``gs://`` paths. Beam's own checks are looser, and an invalid bucket
-name makes Beam try to create a default bucket over the network. Used by ``fanin run`` before
-a Dataflow job is built (``fanin.pipelines.pipeline``) and by the presets (``fanin.runners``).
+name makes Beam try to create a default bucket over the network. Used by ``fanin run``
+before a Dataflow job is built (``fanin.pipelines.dataflow_checks``) and by the presets
+(``fanin.runners``).
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ from apache_beam.runners.portability.portable_runner import JobServiceHandle, Po
 from apache_beam.runners.portability.prism_runner import PrismRunner
 from apache_beam.runners.runner import PipelineRunner, create_runner
 
-from fanin.pipelines.pipeline import runner_in
+from fanin.pipelines.runner_choice import runner_in
 
 __all__ = ["checked_runner", "job_server_option_names"]
 

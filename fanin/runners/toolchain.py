@@ -256,7 +256,7 @@ def check_job_endpoint(beam_args: Sequence[str]) -> None:
 
 
 def _runner_of(beam_args: Sequence[str]) -> str | None:
-    from fanin.pipelines.pipeline import runner_in  # Beam's, imported only when run
+    from fanin.pipelines.runner_choice import runner_in  # Beam's, imported only when run
 
     return runner_in(beam_args)
 

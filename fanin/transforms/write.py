@@ -308,7 +308,7 @@ class WriteOutput(beam.PTransform[Any, PCollection[Any]]):
     guarantees), ``BY_TIME`` once ``window_s`` seconds (rounded up to whole seconds) of
     processing time passed since the first of them, ``BY_COUNT_OR_TIME`` that or once
     ``pane_lines`` are pending, whichever comes first. The runner executes the trigger, and
-    which one to ask for depends on it (``fanin.pipelines.pipeline.early_firing`` chooses):
+    which one to ask for depends on it (``fanin.pipelines.runner_choice.early_firing`` chooses):
     Beam 2.77's Python trigger code, which the local Python runners execute, fires a
     processing-time branch of ``AfterAny`` only once per window (apache/beam#21262), so there
     ``BY_TIME`` is the one that fires every ``window_s``; Prism 2.77 panics on a

@@ -18,7 +18,7 @@ from support.dataflow_jobs import EXAMPLES, dataflow_args, example_config, unpac
 
 from fanin import cli
 from fanin.contracts.tables import bigquery_schema, to_bigquery_row
-from fanin.pipelines import pipeline as fanin_pipeline
+from fanin.pipelines import dataflow_checks
 from fanin.pipelines.pipeline import ConfigError, RunConfig, build, catalog_for, run_pipeline
 from fanin.runners import dry_run
 
@@ -115,9 +115,9 @@ def test_a_job_that_ships_no_fanin_gets_the_checkouts_setup_file(tmp_path: Path)
     report = dry_run(example_config(True), unpackaged_args(True), str(out))
     assert report.ok, report.problems
     graph = json.loads(out.read_text())
-    setup_file = fanin_pipeline.checkout_setup_file()
+    setup_file = dataflow_checks.checkout_setup_file()
     assert setup_file is not None and Path(setup_file).parent / "fanin" == \
-        Path(fanin_pipeline.__file__).parents[1]
+        Path(dataflow_checks.__file__).parents[1]
     assert graph["options"]["setup_file"] == setup_file
     # the sdist Beam builds from it is staged as workflow.tar.gz
     assert "workflow.tar.gz" in json.dumps(graph["dataflow_job"]["environment"])
@@ -129,7 +129,7 @@ def test_an_installed_fanin_without_packaging_is_refused(tmp_path: Path,
                                                          ) -> None:
     """Defect 2, installed copy (no checkout to build from): one line, exit 2, for the dry run
     and for a real submission alike; nothing is written."""
-    monkeypatch.setattr(fanin_pipeline, "checkout_setup_file", lambda: None)
+    monkeypatch.setattr(dataflow_checks, "checkout_setup_file", lambda: None)
     with pytest.raises(ConfigError, match="the workers need Fanin"):
         dry_run(example_config(False), unpackaged_args(False), str(tmp_path / "g.json"))
     base = ["run", "--input", str(EXAMPLES / "triage.jsonl"), "--output", "gs://fanin-dry-run-bucket/o",
@@ -207,12 +207,12 @@ def test_only_fanins_own_setup_file_is_added(tmp_path: Path, monkeypatch: pytest
     """A ``setup.py`` beside an installed copy (site-packages) is not Fanin's unless a
     ``pyproject.toml`` beside it names the project ``fanin``: staging another one would
     build some other project's sdist for the workers."""
-    module = tmp_path / "fanin" / "pipelines" / "pipeline.py"
+    module = tmp_path / "fanin" / "pipelines" / "dataflow_checks.py"
     (tmp_path / "setup.py").write_text("from setuptools import setup\nsetup()\n")
     if project is not None:
         (tmp_path / "pyproject.toml").write_text(f"[project]\n{project}\nversion = \"1\"\n")
-    monkeypatch.setattr(fanin_pipeline, "__file__", str(module))
-    assert fanin_pipeline.checkout_setup_file() == (str(tmp_path / "setup.py") if found else None)
+    monkeypatch.setattr(dataflow_checks, "__file__", str(module))
+    assert dataflow_checks.checkout_setup_file() == (str(tmp_path / "setup.py") if found else None)
 
 
 @pytest.mark.parametrize(("extra", "said"), [

@@ -283,11 +283,12 @@ def test_a_drain_aborted_by_a_second_signal_keeps_the_mark(
     their closes): the folder keeps its mark, where it read as a finished run. A run stopped
     otherwise before writing anything leaves the folder unmarked."""
     from fanin.io.output_lock import UNFINISHED, OutputLock, folder_state
-    from fanin.pipelines.pipeline import _files_in, _stopped
+    from fanin.pipelines.output_folder import files_in
+    from fanin.pipelines.pipeline import _stopped
 
     out = str(tmp_path / "out")
     lock = OutputLock.acquire(out, continues=True)
-    _stopped(stop, None, lock, _files_in(out), out)
+    _stopped(stop, None, lock, files_in(out), out)
     assert (folder_state(out) == UNFINISHED) is marked
 
 

@@ -18,7 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fanin.contracts.timefmt import MAX_MS
-from fanin.pipelines.pipeline import RunConfig, early_firing
+from fanin.pipelines.config import RunConfig
+from fanin.pipelines.runner_choice import early_firing
 from fanin.transforms.write import AT_END, BY_COUNT_OR_TIME, BY_TIME, WriteOutput
 
 MIN_MS = -62135596800000  # 0001-01-01T00:00:00Z

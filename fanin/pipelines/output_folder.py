@@ -1,0 +1,160 @@
+"""The local output folder of a run: checked, locked and prepared before anything is written.
+
+Guarantees: every refusal is one ``ConfigError`` line and deletes nothing
+(``check_output_early`` needs nothing written; ``locked_output`` checks again holding the
+folder's lock); ``--overwrite`` empties the three output folders only after every check
+passed, and never a folder holding a file the run reads.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable, Sequence
+
+from fanin.core.outcomes import CLOSES, DEAD_LETTER, LATE
+from fanin.io.output_lock import OutputLock, check_not_busy
+from fanin.pipelines.config import ConfigError, RunConfig
+from fanin.transforms.read import expand_inputs
+
+__all__ = ["check_output_early", "files_in", "locked_output"]
+
+
+def _prepare_output(output: str, overwrite: bool, kept: Sequence[tuple[str, str]] = (),
+                    continues: bool = False, on_replace: Callable[[], None] | None = None
+                    ) -> None:
+    """Create the three folders; refuse to mix with an earlier run's files unless asked
+    (``--overwrite`` deletes them), except for a run that ``continues`` earlier ones (a
+    subscription's next run: its files, named with its own job token, join theirs, whose
+    messages were acknowledged and cannot be read again); refuse (``ConfigError``) a path that
+    is a file where a folder must be, any folder that cannot be created or written in, or
+    ``--overwrite`` of a folder that holds one of the files the run reads, ``kept`` as
+    ``(option, path)`` (its inputs, its contracts file: it would delete them before reading
+    them) or that this user cannot empty (a folder in it not writable): nothing is deleted
+    then. ``on_replace`` is called once, before the first deletion."""
+    folders = _output_folders(output)
+    for folder in folders:
+        real = os.path.realpath(folder)
+        for option, path in kept:
+            if "://" not in path and os.path.commonpath([real, os.path.realpath(path)]) == real:
+                raise ConfigError(f"{option} {path} is in {folder}, which this run replaces "
+                                  "with its outputs; move it out first")
+    replaced = _checked_folders(output, folders, overwrite, continues)
+    if replaced and on_replace is not None:
+        on_replace()
+    for folder in folders:
+        try:
+            if folder in replaced:
+                _empty(folder)
+            os.makedirs(folder, exist_ok=True)
+        except OSError as exc:  # e.g. a read-only file system
+            raise ConfigError(f"--output: cannot {'replace' if folder in replaced else 'create'} "
+                              f"{folder}: {exc.strerror or exc}") from None
+        if not _writable(folder):  # created, but not for us to write in (umask)
+            raise ConfigError(f"--output: cannot write in {folder}: permission denied")
+
+
+def _empty(folder: str) -> None:
+    """Delete an output folder of an earlier run; a folder that is a symbolic link keeps the
+    link and its target, emptied (as ``--output`` itself may be a link)."""
+    if not os.path.islink(folder):
+        shutil.rmtree(folder)
+        return
+    for entry in os.scandir(folder):
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path)
+        else:
+            os.unlink(entry.path)
+
+
+def _not_a_file(path: str) -> None:
+    """``ConfigError`` when ``path`` exists and is not a folder."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ConfigError(f"--output: {path} is a file, not a folder")
+
+
+def _no_dangling_link(folder: str) -> None:
+    """``ConfigError`` when ``folder`` is a symbolic link to nothing (or a loop of links):
+    no folder can be created there."""
+    if os.path.islink(folder) and not os.path.exists(folder):
+        raise ConfigError(f"--output: {folder} is a symbolic link to nothing "
+                          f"({os.readlink(folder)})")
+
+
+def _checked_folders(output: str, folders: list[str], overwrite: bool, continues: bool
+                     ) -> list[str]:
+    """The output ``folders`` this run deletes first (``_prepare_output``), after every check
+    passed: a refusal (``ConfigError``) deletes nothing."""
+    replaced = []
+    for folder in folders:
+        for path in (output, folder):
+            _not_a_file(path)
+        _no_dangling_link(folder)
+        if os.path.isdir(folder) and os.listdir(folder) and (overwrite or not continues):
+            if not overwrite:
+                raise ConfigError(f"{output} already holds outputs; pass --overwrite to "
+                                  "replace them")
+            for parent, _, _ in os.walk(folder):  # deleting a file needs its folder writable
+                if not _writable(parent):
+                    raise ConfigError(f"--overwrite: cannot delete the files in {parent}: "
+                                      "permission denied")
+            replaced.append(folder)
+        elif os.path.isdir(folder) and not _writable(folder):
+            raise ConfigError(f"--output: cannot write in {folder}: permission denied")
+    return replaced
+
+
+def check_output_early(config: RunConfig) -> None:
+    """The refusals of a local output folder that need nothing written (``_checked_folders``,
+    and a file in its path), so that a refused run says one line and nothing else; the lock
+    (``locked_output``) checks again, holding the folder."""
+    check_not_busy(config.output)
+    ancestor = os.path.abspath(config.output)
+    while not os.path.exists(ancestor) and os.path.dirname(ancestor) != ancestor:
+        ancestor = os.path.dirname(ancestor)
+    _not_a_file(ancestor)
+    _checked_folders(config.output, _output_folders(config.output), config.overwrite,
+                     config.reads_pubsub)
+
+
+def _output_folders(output: str) -> list[str]:
+    """The three output folders of ``output``."""
+    return [os.path.join(output, kind) for kind in (CLOSES, LATE, DEAD_LETTER)]
+
+
+def _writable(folder: str) -> bool:
+    """This process may create and delete files in ``folder``."""
+    return os.access(folder, os.W_OK | os.X_OK)
+
+
+def files_in(output: str) -> frozenset[str]:
+    """Every file in the output folders of ``output`` (temporary ones too)."""
+    return frozenset(os.path.join(root, name) for folder in _output_folders(output)
+                     for root, _, names in os.walk(folder) for name in names)
+
+
+def locked_output(config: RunConfig) -> OutputLock:
+    """Lock the local output folder for this run (``OutputLock``), then prepare it
+    (``_prepare_output``): a run refused there leaves the folder as it was."""
+    _not_a_file(config.output)
+    _no_dangling_link(config.output)
+    continues = config.reads_pubsub
+    try:
+        lock = OutputLock.acquire(config.output, continues, config.overwrite)
+    except OSError as exc:  # e.g. a read-only file system, a folder not ours
+        raise ConfigError(f"--output: cannot create or lock {config.output}: "
+                          f"{exc.strerror or exc}") from None
+    try:
+        read = [("--input", path) for path in
+                (expand_inputs(config.inputs) if config.inputs else ())]
+        if config.contracts_path is not None:
+            read.append(("--contracts", config.contracts_path))
+        _prepare_output(config.output, config.overwrite, read, continues=continues,
+                        on_replace=lock.mark_changed)
+    except BaseException:
+        if lock.changed:
+            lock.release()  # it deleted earlier outputs: not the folder it found
+        else:
+            lock.abandon()
+        raise
+    return lock

@@ -1,0 +1,100 @@
+"""Which runner a run uses, and how its streaming writes fire there.
+
+Guarantees:
+- ``choose_runner`` always names a runner explicitly, so no run tries to download Prism:
+  bounded file input -> ``FnApiRunner``; ``--replay`` and Pub/Sub -> ``BundleBasedDirectRunner``
+  (for replays measured against Prism: faster, and Prism 2.77 can emit a timer's output twice
+  when it splits a bundle, apache/beam#35771; docs/runners.md).
+- ``check_runner_class`` refuses (``ConfigError``, one line) a ``--runner`` module path that
+  does not import or names no runner class, before Beam would import it with a traceback.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+
+from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+from apache_beam.runners.runner import PipelineRunner
+
+from fanin.pipelines.config import ConfigError, RunConfig
+from fanin.transforms.write import AT_END, BY_COUNT_OR_TIME, BY_TIME
+
+__all__ = ["check_runner_class", "choose_runner", "early_firing", "runner_class_name",
+           "runner_in"]
+
+
+def choose_runner(config: RunConfig, options: PipelineOptions) -> str:
+    """The runner to use: the user's ``--runner`` if given (``runner_class_name``), else the
+    right local runner."""
+    chosen = options.view_as(StandardOptions).runner
+    if chosen:
+        return runner_class_name(chosen)
+    return "BundleBasedDirectRunner" if config.streaming else "FnApiRunner"
+
+
+# every name of a runner Beam knows (its module path, its class name), lower case -> the class
+_KNOWN_RUNNERS = {spelling.lower(): path.rsplit(".", 1)[-1]
+                  for path in StandardOptions.ALL_KNOWN_RUNNERS
+                  for spelling in (path, path.rsplit(".", 1)[-1])}
+
+
+def runner_class_name(name: str) -> str:
+    """A runner Beam knows, by any name Beam accepts for it (``dataflow``, ``dataflowrunner``,
+    ``DataflowRunner``, its module path), as its class name (``DataflowRunner``), which every
+    check of a runner compares with; any other name (a module path to another runner class)
+    as given."""
+    lower = name.lower()
+    return _KNOWN_RUNNERS.get(lower) or _KNOWN_RUNNERS.get(f"{lower}runner") or name
+
+
+def runner_in(beam_args: Sequence[str]) -> str | None:
+    """The class name (``runner_class_name``) of the runner ``beam_args`` name; None for
+    none."""
+    named: str | None = PipelineOptions(list(beam_args)).view_as(StandardOptions).runner
+    return None if named is None else runner_class_name(named)
+
+
+def check_runner_class(name: str) -> None:
+    """A ``--runner`` given as a module path (``runner_class_name`` leaves a dot only in a
+    runner Beam does not know) must name a ``PipelineRunner`` class that imports; else one
+    ``ConfigError`` line (Beam's import of it was a traceback when the job was built)."""
+    if "." not in name:
+        return  # a runner Beam knows, or a name Beam refuses itself in one line
+    module, _, attribute = name.rpartition(".")
+    try:
+        runner = getattr(importlib.import_module(module), attribute)
+    except ImportError as exc:
+        raise ConfigError(f"--runner {name}: cannot import {module}: {exc}") from None
+    except AttributeError:
+        raise ConfigError(f"--runner {name}: {module} has no {attribute}") from None
+    except Exception as exc:  # the module itself fails as it is imported
+        raise ConfigError(f"--runner {name}: importing {module} failed: "
+                          f"{type(exc).__name__}: {exc}") from None
+    if not (isinstance(runner, type) and issubclass(runner, PipelineRunner)):
+        raise ConfigError(f"--runner {name}: not a Beam runner class (a subclass of "
+                          "apache_beam.runners.runner.PipelineRunner)")
+
+
+# Runners whose triggers Beam's Python SDK executes in process (the others run them runner-side)
+_PYTHON_TRIGGER_RUNNERS = ("DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner",
+                           "FnApiRunner")
+
+
+def early_firing(config: RunConfig, runner: str) -> str:
+    """When a streaming write's pending lines are written early (``fanin.transforms.write``)
+    on the runner of class name ``runner``:
+
+    - a replay (a finite stream, read as fast as the runner goes): never, its files are
+      written when it ends, as a bounded run's are (the cheapest write on the local runner;
+      and Prism 2.77 panics on a processing-time trigger of a finite stream).
+    - a live stream on a runner whose triggers Beam's Python code executes (the local runner):
+      by time. That code fires the processing-time branch of "count or time" once per run
+      (apache/beam#21262), which kept a live run's closes out of its files until the drain;
+      alone, it fires every ``window_s``. The lines of one ``window_s`` stay in memory.
+    - a live stream elsewhere (Dataflow, Flink, Prism execute triggers themselves): count or
+      time, whichever comes first.
+    """
+    if config.replay:
+        return AT_END
+    return BY_TIME if runner in _PYTHON_TRIGGER_RUNNERS else BY_COUNT_OR_TIME
