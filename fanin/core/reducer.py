@@ -608,7 +608,7 @@ class JoinReducer:
         return self.definition.required is not None
 
     def conflict_count(self) -> int:
-        """How many conflict entries the close would list."""
+        """How many conflict entries the close would list (kept as records arrive)."""
         return self._n_conflicts
 
     def complete(self) -> bool:
@@ -621,9 +621,7 @@ class JoinReducer:
 
     def closable(self) -> bool:
         """Complete, or with ``fail_fast`` all reported: the join may close now."""
-        if self._n_missing == 0 and self._n_conflicts == 0:
-            return True
-        return self._n_missing == self._n_notok and self.definition.fail_fast
+        return self.complete() or (self.definition.fail_fast and self.all_reported())
 
     def opened_at(self) -> int | None:
         if self._pinned is not None:

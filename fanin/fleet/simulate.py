@@ -189,11 +189,6 @@ class SimSummary:
     categories: dict[str, int]
     flags: dict[str, int]
 
-    @property
-    def malformed(self) -> int:
-        """Lines the pipeline must dead-letter."""
-        return sum(self.categories[name] for name in MALFORMED)
-
     def one_line(self) -> str:
         """A one-line human summary."""
         cats = ", ".join(f"{k}={v}" for k, v in self.categories.items() if v)

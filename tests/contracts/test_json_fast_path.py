@@ -62,6 +62,7 @@ def test_repeated_field_names_are_refused_alike(value: Any, name: str, extra: An
     for _ in range(depth):
         text = '{"v":' + json.dumps(value) + ',"w":' + text + "}"
     _same(text)
+    assert _outcome(loads, text)[0] == "refused", text
 
 
 def test_edge_texts_decode_alike() -> None:

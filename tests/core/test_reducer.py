@@ -263,8 +263,8 @@ def test_any_permutation_gives_the_same_close(messages: list[dict[str, Any]], rn
         a.add(rec)
     for rec in shuffled:
         b.add(rec)
-    assert (a.complete(), a.all_reported(), a.conflict_count()) == \
-        (b.complete(), b.all_reported(), b.conflict_count())
+    assert (a.complete(), a.all_reported(), a.closable()) == \
+        (b.complete(), b.all_reported(), b.closable())
 
 
 @settings(max_examples=150, deadline=None)
