@@ -81,6 +81,13 @@ def _service() -> str:
     return f"the Pub/Sub emulator at {host} (PUBSUB_EMULATOR_HOST)" if host else "Pub/Sub"
 
 
+
+def _bad_use(message: str) -> int:
+    """One ``fanin publish: error: ...`` line on stderr (as every subcommand says bad use);
+    exit status 2."""
+    print(f"fanin publish: error: {message}", file=sys.stderr)
+    return 2
+
 def run_publish(args: argparse.Namespace) -> int:  # noqa: C901 (one exit per publish outcome the CLI reports)
     """Run ``fanin publish`` for parsed ``args``; returns the exit status."""
     from google.auth.exceptions import DefaultCredentialsError
@@ -93,16 +100,13 @@ def run_publish(args: argparse.Namespace) -> int:  # noqa: C901 (one exit per pu
         validate_topic_path(args.topic)
         check_emulator_host()
     except ValueError as exc:
-        print(f"fanin publish: {exc}", file=sys.stderr)
-        return 2
+        return _bad_use(str(exc))
     if args.file == "-" and sys.stdin is None:  # started with it closed: Python holds None
-        print("fanin publish: standard input is closed: give FILE", file=sys.stderr)
-        return 2
+        return _bad_use("standard input is closed: give FILE")
     if args.file != "-" and not os.path.isfile(args.file):
         what = "no such file" if not os.path.exists(args.file) else \
             "a folder, not a file" if os.path.isdir(args.file) else "not a regular file"
-        print(f"fanin publish: {what}: {args.file}", file=sys.stderr)
-        return 2
+        return _bad_use(f"{what}: {args.file}")
     every = args.progress_every
 
     def progress(sent: int, failed: int) -> None:
@@ -126,19 +130,14 @@ def run_publish(args: argparse.Namespace) -> int:  # noqa: C901 (one exit per pu
         summary = publish_file(args.topic, args.file, progress, timeout_s=args.timeout,
                                waiting=waiting, stop=stop)
     except OSError as exc:
-        print(f"fanin publish: cannot read {args.file}: {exc.strerror or exc}", file=sys.stderr)
-        return 2
+        return _bad_use(f"cannot read {args.file}: {exc.strerror or exc}")
     except ValueError as exc:  # credentials that cannot be read
-        print(f"fanin publish: {exc}", file=sys.stderr)
-        return 2
+        return _bad_use(str(exc))
     except UnreadableInput as exc:  # lines before the damage were published
-        print(f"fanin publish: {exc}", file=sys.stderr)
-        return 2
+        return _bad_use(str(exc))
     except DefaultCredentialsError:
-        print("fanin publish: no Google credentials: set PUBSUB_EMULATOR_HOST=HOST:PORT to use "
-              "the Pub/Sub emulator, or set up Application Default Credentials",
-              file=sys.stderr)
-        return 2
+        return _bad_use("no Google credentials: set PUBSUB_EMULATOR_HOST=HOST:PORT to use the "
+                        "Pub/Sub emulator, or set up Application Default Credentials")
     except KeyboardInterrupt:
         print("fanin publish: interrupted twice; messages in flight were not counted",
               file=sys.stderr)

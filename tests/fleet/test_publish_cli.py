@@ -138,7 +138,7 @@ def test_without_credentials_or_emulator_it_says_so_in_one_line(tmp_path: Path) 
                            str(path)], capture_output=True, text=True, timeout=60, env=env)
     assert (done.returncode, done.stdout) == (2, "")
     assert done.stderr.splitlines() == [
-        "fanin publish: no Google credentials: set PUBSUB_EMULATOR_HOST=HOST:PORT to use the "
+        "fanin publish: error: no Google credentials: set PUBSUB_EMULATOR_HOST=HOST:PORT to use the "
         "Pub/Sub emulator, or set up Application Default Credentials"]
 
 
@@ -160,7 +160,7 @@ def test_a_file_not_of_its_suffixs_format_is_one_line_and_nothing_is_sent(
     topic, subscription = pubsub_emulator.topic_and_subscription("not-gzip")
     done = fanin("publish", "--topic", topic, str(path))
     assert done.returncode == 2
-    assert done.stderr.startswith(f"fanin publish: input {path} cannot be decompressed at its "
+    assert done.stderr.startswith(f"fanin publish: error: input {path} cannot be decompressed at its "
                                   "start (zlib.error: ")
     assert len(done.stderr.splitlines()) == 1 and done.stdout == ""
     assert pubsub_emulator.pull(subscription) == []
@@ -179,12 +179,12 @@ def test_bad_use_is_one_line_before_anything_is_sent(
         monkeypatch.setenv("PUBSUB_EMULATOR_HOST", host)
         assert fanin_main(["publish", *topic, str(data)]) == 2
         assert capsys.readouterr().err.splitlines() == [
-            f"fanin publish: PUBSUB_EMULATOR_HOST={host!r}: give HOST:PORT (such as "
+            f"fanin publish: error: PUBSUB_EMULATOR_HOST={host!r}: give HOST:PORT (such as "
             "localhost:8085), or unset it to use Pub/Sub"]
     monkeypatch.setenv("PUBSUB_EMULATOR_HOST", "localhost:1")
     assert fanin_main(["publish", *topic, str(tmp_path)]) == 2
     assert capsys.readouterr().err.splitlines() == \
-        [f"fanin publish: a folder, not a file: {tmp_path}"]
+        [f"fanin publish: error: a folder, not a file: {tmp_path}"]
     with pytest.raises(SystemExit) as refused:
         fanin_main(["publish", *topic, "--progress-every", "-1", str(data)])
     assert refused.value.code == 2

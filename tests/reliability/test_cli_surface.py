@@ -116,7 +116,7 @@ def test_credentials_that_cannot_be_read_name_the_variable(
     (["simulate", "--joins", "3", "--out", "-"], 1,
      "fanin simulate: error: standard output is closed: give --out FILE"),
     (["publish", "--topic", "projects/my-project/topics/outputs", "-"], 0,
-     "fanin publish: standard input is closed: give FILE")])
+     "fanin publish: error: standard input is closed: give FILE")])
 def test_a_closed_standard_stream_is_one_line(argv: list[str], closed: int, line: str) -> None:
     """Python holds None for a stream closed at start: ``AttributeError`` tracebacks."""
     env = {**same_code_env(), "PUBSUB_EMULATOR_HOST": "127.0.0.1:1"}
