@@ -248,7 +248,8 @@ def open_outputs(directory: str | os.PathLike[str]) -> duckdb.DuckDBPyConnection
     """
     root = Path(directory)
     if not root.is_dir():
-        raise FileNotFoundError(f"no such output directory: {root}")
+        what = "a file, not an output folder" if root.exists() else "no such output directory"
+        raise FileNotFoundError(f"{what}: {root}")
     _check_layout(root)
     con = duckdb.connect(
         ":memory:",

@@ -253,3 +253,18 @@ def test_a_reader_gone_away_is_one_line_exit_1(outputs: Path, command: list[str]
         os.close(write)
     assert (done.returncode, done.stderr.strip().splitlines()) == (
         1, [f"fanin {command[0]}: cannot write its output: Broken pipe"])
+
+
+@pytest.mark.parametrize("command", ["query", "report"])
+def test_a_file_given_as_the_output_folder_is_named_a_file(
+        tmp_path: Path, command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """It said "no such output directory" of a file that exists (an input file, say)."""
+    given = tmp_path / "in.jsonl"
+    given.write_text("{}\n")
+    argv = [command, str(given), *(["select 1"] if command == "query" else [])]
+    assert main(argv) == 2
+    assert capsys.readouterr().err == (f"fanin {command}: error: a file, not an output folder: "
+                                       f"{given}\n")
+    assert main([command, str(tmp_path / "nowhere"), *argv[2:]]) == 2
+    assert capsys.readouterr().err == (f"fanin {command}: error: no such output directory: "
+                                       f"{tmp_path / 'nowhere'}\n")

@@ -138,8 +138,8 @@ def test_without_credentials_or_emulator_it_says_so_in_one_line(tmp_path: Path) 
                            str(path)], capture_output=True, text=True, timeout=60, env=env)
     assert (done.returncode, done.stdout) == (2, "")
     assert done.stderr.splitlines() == [
-        "fanin publish: error: no Google credentials: set PUBSUB_EMULATOR_HOST=HOST:PORT to use the "
-        "Pub/Sub emulator, or set up Application Default Credentials"]
+        "fanin publish: error: no Google credentials: set PUBSUB_EMULATOR_HOST=HOST:PORT to use "
+        "the Pub/Sub emulator, or set up Application Default Credentials"]
 
 
 def test_publish_reads_a_compressed_file_as_fanin_run_does(
@@ -160,8 +160,8 @@ def test_a_file_not_of_its_suffixs_format_is_one_line_and_nothing_is_sent(
     topic, subscription = pubsub_emulator.topic_and_subscription("not-gzip")
     done = fanin("publish", "--topic", topic, str(path))
     assert done.returncode == 2
-    assert done.stderr.startswith(f"fanin publish: error: input {path} cannot be decompressed at its "
-                                  "start (zlib.error: ")
+    assert done.stderr.startswith(f"fanin publish: error: input {path} cannot be decompressed "
+                                  "at its start (zlib.error: ")
     assert len(done.stderr.splitlines()) == 1 and done.stdout == ""
     assert pubsub_emulator.pull(subscription) == []
 
