@@ -3,6 +3,7 @@ in one line on stderr with exit 2, saying why (against Google's Pub/Sub emulator
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -86,3 +87,20 @@ def test_no_credentials_is_one_line_exit_2(
                      "--output", str(tmp_path / "out"))
     assert (code, len(err)) == (2, 1)
     assert err[0].startswith("fanin: error: no Google credentials to reach Pub/Sub")
+
+
+def test_a_service_that_does_not_answer_is_given_up_on_within_the_timeout(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing listens at the emulator's address: the check said "did not answer within 30
+    s" after the client's own retries had taken ~51 s; it gives up within its timeout."""
+    from fanin.io.pubsub import check_pubsub_resources
+
+    monkeypatch.setenv("PUBSUB_EMULATOR_HOST", "127.0.0.1:1")
+    subscription = "projects/p/subscriptions/s"
+    started = time.monotonic()
+    with pytest.raises(ValueError) as refused:
+        check_pubsub_resources(subscription, timeout_s=2)
+    waited = time.monotonic() - started
+    assert str(refused.value) == (f"Pub/Sub at 127.0.0.1:1 did not answer about subscription "
+                                  f"{subscription} within 2 s (RetryError)")
+    assert waited < 20, waited  # a bound on the wait, not a speed: it was 51 s
