@@ -208,6 +208,19 @@ def _check_pubsub_resources(config: RunConfig) -> None:
         raise ConfigError(str(error)) from None
 
 
+def _check_local_workers(options: PipelineOptions, runner: str) -> None:
+    """``--direct_num_workers`` is 1 or more, or 0 (a worker per core), and is not given to
+    the local streaming runner, which runs one worker whatever it says (``ConfigError``)."""
+    workers = options.view_as(DirectOptions).direct_num_workers
+    if (workers or 0) < 0:
+        raise ConfigError("--direct_num_workers must be 1 or more (0: as many as the machine "
+                          "has cores)")
+    if workers not in (None, 1) and runner == "BundleBasedDirectRunner":
+        raise ConfigError(f"--direct_num_workers={workers} applies to bounded runs "
+                          f"(FnApiRunner); {runner}, the local streaming runner, runs one "
+                          "worker and would ignore it")
+
+
 def run_pipeline(config: RunConfig, beam_args: Sequence[str],
                  runner_instance: beam.runners.runner.PipelineRunner | None = None
                  ) -> beam.runners.runner.PipelineResult:
@@ -228,9 +241,7 @@ def run_pipeline(config: RunConfig, beam_args: Sequence[str],
         from fanin.io.bigquery import check_credentials
 
         check_credentials()
-    if (options.view_as(DirectOptions).direct_num_workers or 0) < 0:
-        raise ConfigError("--direct_num_workers must be 1 or more (0: as many as the machine "
-                          "has cores)")
+    _check_local_workers(options, runner)
     if config.streaming and not runner.endswith("DataflowRunner"):
         if config.id_label:  # offline, so before asking Pub/Sub
             raise ConfigError(f"--id-label needs the Dataflow runner; {runner} does not "

@@ -199,3 +199,17 @@ def test_a_runner_module_path_that_names_no_runner_is_one_line(
     assert main([*RUN, "--output", str(tmp_path / "o"), f"--runner={runner}"]) == 2
     assert _one_line(capsys) == f"fanin: error: --runner {runner}: {reason}"
     assert list(tmp_path.iterdir()) == []
+
+
+def test_workers_the_local_streaming_runner_would_ignore_are_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--replay --direct_num_workers=2`` ran on one worker without a word."""
+    assert main([*RUN, "--output", str(tmp_path / "o"), "--replay",
+                 "--direct_num_workers=2"]) == 2
+    assert _one_line(capsys) == (
+        "fanin: error: --direct_num_workers=2 applies to bounded runs (FnApiRunner); "
+        "BundleBasedDirectRunner, the local streaming runner, runs one worker and would ignore "
+        "it")
+    assert list(tmp_path.iterdir()) == []
+    assert main([*RUN, "--output", str(tmp_path / "o"), "--replay",
+                 "--direct_num_workers=1"]) == 0
