@@ -141,8 +141,12 @@ def _run(args: argparse.Namespace, beam_args: Sequence[str]) -> int:
     logging.getLogger("fanin.close").setLevel(logging.INFO if args.log_closes else logging.WARNING)
     try:
         _only_where_it_applies(args)
-        defaults = JoinDefaults(args.deadline_s, args.allow_partial, args.fail_fast,
-                                args.close_trigger, args.retention_s)
+        try:
+            defaults = JoinDefaults(args.deadline_s, args.allow_partial, args.fail_fast,
+                                    args.close_trigger, args.retention_s)
+        except ValueError as exc:  # "deadline_s must be ...": named as the option given
+            field, _, rest = str(exc).partition(" ")
+            raise ConfigError(f"--{field.replace('_', '-')} {rest}") from None
         config = RunConfig(
             output=args.output, inputs=args.input, contracts_path=args.contracts,
             defaults=defaults, formats=tuple(args.format or ("jsonl",)), replay=args.replay,

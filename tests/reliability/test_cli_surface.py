@@ -213,3 +213,14 @@ def test_workers_the_local_streaming_runner_would_ignore_are_refused(
     assert list(tmp_path.iterdir()) == []
     assert main([*RUN, "--output", str(tmp_path / "o"), "--replay",
                  "--direct_num_workers=1"]) == 0
+
+
+@pytest.mark.parametrize(("option", "value", "rule"), [
+    ("--deadline-s", "-1", "must be a finite number > 0"),
+    ("--retention-s", "nan", "must be a finite number >= 0")])
+def test_a_join_default_out_of_range_is_named_as_the_option(
+        tmp_path: Path, option: str, value: str, rule: str,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The line named the contracts file's field (``deadline_s``), not the option given."""
+    assert main([*RUN, "--output", str(tmp_path / "o"), option, value]) == 2
+    assert _one_line(capsys) == f"fanin: error: {option} {rule}"
