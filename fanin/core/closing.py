@@ -173,9 +173,11 @@ def _moved_behind(reducer: JoinReducer, ordered: list[R.Record], i: int, t: int,
     definition, over the records with effective event time up to it, is closable, else at
     ``D``; the records at ``t`` (and any others after ``D``) are late. An undefined join
     rejects every record up to ``t``. Needs every record up to ``t`` (``horizon >= t``),
-    except that an ``eager`` definition closes at once at a closable time found among the
-    records received (docs/spec.md §4: eager fires the moment the messages received make the
-    join closable); a close at ``D`` or an undefined join waits for the horizon.
+    except that an ``eager`` definition closes at once when the records received make it
+    closable (docs/spec.md §4): the reducer under it over every record received up to ``D``
+    is closable, and the close is at the least closable time among them. Else (a record
+    received that breaks completeness, only an earlier prefix closable; a close at ``D``; an
+    undefined join) it waits for the horizon.
     """
     waits = horizon is not None and horizon < t
     defn = reducer.definition
@@ -184,6 +186,8 @@ def _moved_behind(reducer: JoinReducer, ordered: list[R.Record], i: int, t: int,
     opened, deadline = _opened_at(reducer), _deadline(reducer)
     if defn.required is None:
         return Pending(t) if waits else Undefined(ordered[:i], ordered[i:], deadline, t)
+    if waits and not _all_closable(reducer, ordered[:i], opened, deadline):
+        return Pending(t)
     pinned = JoinReducer(reducer.catalog)
     pinned.pin(defn, opened, ordered[0][R.JOIN_ID])
     j = 0
@@ -197,6 +201,18 @@ def _moved_behind(reducer: JoinReducer, ordered: list[R.Record], i: int, t: int,
         if j == i or ordered[j][_TIME] > deadline:
             return Pending(t) if waits else _closed(pinned, deadline, ordered, j, deadline, t)
         at = ordered[j][_TIME]
+
+
+def _all_closable(reducer: JoinReducer, received: list[R.Record], opened: int, deadline: int
+                  ) -> bool:
+    """The reducer under ``reducer``'s definition (pinned at ``opened``) over the records of
+    ``received`` with event time up to ``deadline`` is closable."""
+    whole = JoinReducer(reducer.catalog)
+    whole.pin(reducer.definition, opened, received[0][R.JOIN_ID])
+    for record in received:
+        if record[_TIME] <= deadline:
+            whole.add(record)
+    return whole.closable()
 
 
 def _at_deadline(reducer: JoinReducer, ordered: list[R.Record], i: int, deadline: int,

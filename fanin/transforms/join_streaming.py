@@ -195,16 +195,21 @@ class JoinDoFn(_Counting):
             return True
         return wake is None or wake <= horizon or record[R.TIME] < wake
 
-    @staticmethod
-    def _moved_behind_eagerly(reducer: JoinReducer, latest: int) -> bool:
-        """An ``eager`` join whose ``D`` lies before its latest record: records may have moved
-        ``D`` behind themselves (docs/spec.md §2, step 2), and the close under the new
-        definition is then found among the records received, without waiting (or, if it is
-        not there, the decision says when to ask again)."""
+    def _moved_behind_now(self, records: list[R.Record], reducer: JoinReducer, latest: int,
+                          horizon: int) -> bool:
+        """Whether an ``eager`` join whose ``D`` lies before its latest record closes on this
+        arrival: records moved ``D`` behind themselves (docs/spec.md §2, step 2) and the
+        records received make the join closable under the new definition (§4, eager). Not
+        for a record that merely arrives after ``D`` (a closable prefix before a record that
+        breaks completeness waits for ``D``). Asked of joins of up to ``_WALK_LIMIT`` records,
+        as the other decisions on out-of-order arrivals (the walk reads every record)."""
         if reducer.definition.close_trigger != "eager":
             return False
         deadline = _core(reducer.deadline)
-        return deadline is not None and deadline < latest
+        if deadline is None or deadline >= latest:
+            return False
+        outcome = _core(decide, records, self._catalog, horizon)
+        return isinstance(outcome, Closed) and outcome.decided_at > outcome.deadline
 
     def _first_decision(self, records: list[R.Record], deadline: int) -> int:
         """The first time the closing decision over ``records`` can be made: a close time of
@@ -401,7 +406,8 @@ class JoinDoFn(_Counting):
             reducer = self._rebuild(join_id, epoch, count + 1, records)
             latest = self._cache[join_id][4]
         if record[R.TIME] <= horizon or (_core(reducer.closable) and self._decide_now(
-                reducer, record, horizon, wake)) or self._moved_behind_eagerly(reducer, latest):
+                reducer, record, horizon, wake)) or (count < _WALK_LIMIT and self._moved_behind_now(
+                    records, reducer, latest, horizon)):
             # _settle writes META (or clears the state) on every path
             yield from self._settle(join_id, records,
                                     [epoch, count + 1, horizon, wake, None, None, size], msgs,

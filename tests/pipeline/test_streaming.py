@@ -100,6 +100,30 @@ def test_eager_closes_on_the_arrival_that_moves_the_deadline_behind_itself() -> 
                          ("j", "after_close", "complete", "q")])}, PROJECT)
 
 
+def test_a_message_after_the_deadline_does_not_close_an_eager_prefix() -> None:
+    """x (an unknown branch) arrived first and breaks completeness: only the prefix up to b
+    is closable, so the close waits for D (docs/spec.md §4). z, after D, moved nothing; it
+    made the join close on that prefix (complete at 3 s)."""
+    run_stream(
+        [add(open_msg(contract="strict"), receipt("x", 8), receipt("a", 2), receipt("b", 3)),
+         add(receipt("z", 12)), add(receipt("y", 1)), watermark(100)],
+        {CLOSES: equal_to([("j", "timeout", "00:00:10", 5)]),
+         LATE: equal_to([("j", "after_deadline", "timeout", "z")])}, PROJECT)
+
+
+def test_a_moved_deadline_waits_when_a_message_received_breaks_completeness() -> None:
+    """Under ``strict`` (D 11 s, moved behind x at 15 s) a and b are closable at 2 s, but q
+    (5 s, before D), received first, is an unknown branch: only that prefix is closable, so
+    the close waits for the watermark and takes y in, as the bounded run does. It closed
+    ``complete`` at 2 s on x's arrival."""
+    run_stream(
+        [add(receipt("q", 5, contract="triage")),
+         add(receipt("a", 1, contract="triage"), receipt("b", 2, contract="triage")),
+         add(receipt("x", 15, contract="strict")), add(receipt("y", 1.5)), watermark(100)],
+        {CLOSES: equal_to([("j", "timeout", "00:00:11", 4)]),
+         LATE: equal_to([("j", "after_deadline", "timeout", "x")])}, PROJECT)
+
+
 def test_watermark_trigger_waits_for_the_watermark() -> None:
     # contract "watch": a retry of "a" that arrives after "b" but before the watermark
     # passes 2 s is part of the close (under eager it would be late)
