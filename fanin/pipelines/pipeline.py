@@ -208,17 +208,21 @@ def _check_pubsub_resources(config: RunConfig) -> None:
         raise ConfigError(str(error)) from None
 
 
-def _check_local_workers(options: PipelineOptions, runner: str) -> None:
-    """``--direct_num_workers`` is 1 or more, or 0 (a worker per core), and is not given to
-    the local streaming runner, which runs one worker whatever it says (``ConfigError``)."""
+_DIRECT_STREAM_RUNNERS = ("BundleBasedDirectRunner", "DirectRunner", "SwitchingDirectRunner")
+
+
+def _check_local_workers(options: PipelineOptions, runner: str, streaming: bool) -> None:
+    """``--direct_num_workers`` is 1 or more, or 0 (a worker per core), and is not given to a
+    stream on Beam's direct runners, which run it on one worker whatever it says
+    (``ConfigError``)."""
     workers = options.view_as(DirectOptions).direct_num_workers
     if (workers or 0) < 0:
         raise ConfigError("--direct_num_workers must be 1 or more (0: as many as the machine "
                           "has cores)")
-    if workers not in (None, 1) and runner == "BundleBasedDirectRunner":
+    if workers not in (None, 1) and streaming and runner in _DIRECT_STREAM_RUNNERS:
         raise ConfigError(f"--direct_num_workers={workers} applies to bounded runs "
-                          f"(FnApiRunner); {runner}, the local streaming runner, runs one "
-                          "worker and would ignore it")
+                          f"(FnApiRunner); a stream on {runner} runs one worker and would "
+                          "ignore it")
 
 
 def run_pipeline(config: RunConfig, beam_args: Sequence[str],
@@ -241,7 +245,7 @@ def run_pipeline(config: RunConfig, beam_args: Sequence[str],
         from fanin.io.bigquery import check_credentials
 
         check_credentials()
-    _check_local_workers(options, runner)
+    _check_local_workers(options, runner, config.streaming)
     if config.streaming and not runner.endswith("DataflowRunner"):
         if config.id_label:  # offline, so before asking Pub/Sub
             raise ConfigError(f"--id-label needs the Dataflow runner; {runner} does not "

@@ -201,18 +201,23 @@ def test_a_runner_module_path_that_names_no_runner_is_one_line(
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize(("runner", "named"), [
+    ([], "BundleBasedDirectRunner"), (["--runner=DirectRunner"], "DirectRunner"),
+    (["--runner", "direct"], "DirectRunner"),
+    (["--runner=SwitchingDirectRunner"], "SwitchingDirectRunner")])
 def test_workers_the_local_streaming_runner_would_ignore_are_refused(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        tmp_path: Path, runner: list[str], named: str,
+        capsys: pytest.CaptureFixture[str]) -> None:
     """``--replay --direct_num_workers=2`` ran on one worker without a word."""
-    assert main([*RUN, "--output", str(tmp_path / "o"), "--replay",
+    assert main([*RUN, "--output", str(tmp_path / "o"), "--replay", *runner,
                  "--direct_num_workers=2"]) == 2
     assert _one_line(capsys) == (
-        "fanin: error: --direct_num_workers=2 applies to bounded runs (FnApiRunner); "
-        "BundleBasedDirectRunner, the local streaming runner, runs one worker and would ignore "
-        "it")
+        f"fanin: error: --direct_num_workers=2 applies to bounded runs (FnApiRunner); a "
+        f"stream on {named} runs one worker and would ignore it")
     assert list(tmp_path.iterdir()) == []
-    assert main([*RUN, "--output", str(tmp_path / "o"), "--replay",
-                 "--direct_num_workers=1"]) == 0
+    if not runner:  # one worker is what it runs: accepted
+        assert main([*RUN, "--output", str(tmp_path / "o"), "--replay",
+                     "--direct_num_workers=1"]) == 0
 
 
 @pytest.mark.parametrize(("option", "value", "rule"), [
