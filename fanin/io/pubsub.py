@@ -138,7 +138,11 @@ def check_pubsub_resources(subscription: str | None = None, topics: Sequence[str
                          "up Application Default Credentials") from None
     except OSError as error:
         raise unreadable_credentials(error) from None
-    within = retry.Retry(timeout=timeout_s)  # the client's own retries took ~51 s
+    # the client's own retry rule for these calls, within timeout_s (its deadline took ~51 s)
+    within = retry.Retry(initial=0.1, maximum=60.0, multiplier=1.3, timeout=timeout_s,
+                         predicate=retry.if_exception_type(
+                             exceptions.Aborted, exceptions.ServiceUnavailable,
+                             exceptions.Unknown))
     try:
         for kind, path in asks:
             try:
@@ -151,7 +155,8 @@ def check_pubsub_resources(subscription: str | None = None, topics: Sequence[str
                 raise ValueError(f"{kind} {path} does not exist (asked {where}); create it "
                                  "first") from None
             except (exceptions.RetryError, exceptions.DeadlineExceeded,
-                    exceptions.ServiceUnavailable) as error:
+                    exceptions.ServiceUnavailable, exceptions.Aborted,
+                    exceptions.Unknown) as error:
                 raise ValueError(f"Pub/Sub at {where} did not answer about {kind} {path} "
                                  f"within {timeout_s:g} s ({type(error).__name__})") from None
             except exceptions.PermissionDenied:  # e.g. roles/pubsub.publisher: no *.get
