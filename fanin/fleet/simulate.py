@@ -9,8 +9,8 @@ Guarantees:
 - Join ``i`` opens at ``start + i * stagger_ms`` (default ``EPOCH`` and ``STAGGER_MS``;
   seed-independent), so joins overlap in event time. Another ``start`` shifts every time of the
   run by the same amount (same seed, same lines otherwise). Times are RFC 3339 UTC with
-  milliseconds; a run that would reach past year 9999 raises ``PastYear9999`` (a
-  ``ValueError``) when it gets there, never a time clamped to the end of year 9999.
+  milliseconds; a run that could reach past year 9999 raises ``PastYear9999`` (a
+  ``ValueError``) before its first line, never a time clamped to the end of year 9999.
 - ``timed_lines`` yields each line with its arrival time (epoch ms: when the fleet delivers it;
   never before its own event time); ``write_paced`` writes them in real time, each when the
   clock reaches its arrival time, from ``start`` = now: a live stream whose event times follow
@@ -103,6 +103,7 @@ DEAD_LETTER_ERRORS: Mapping[str, str] = {
 }
 
 _STRAYS = ("extra", "debug/trace", "legacy/ranker")
+_EXPLICIT_DEADLINES_S = (10, 20, 30, 45)  # deadline_s of the opens that name no contract
 _UNKNOWN_CONTRACTS = ("triage-v0", "summarise", "Triage")
 _NOT_OBJECTS = ('[1,2,3]', '"receipt"', "42", "null", "true", '[{"join_id":"x"}]')
 _BAD_RECEIPT_FIELDS: tuple[tuple[str, Any], ...] = (
@@ -260,6 +261,15 @@ class _Generator:
     def opened_ms(self, index: int) -> int:
         return self.start_ms + int(index * self.stagger_ms)
 
+    def latest_event_ms(self, joins: int) -> int:
+        """No event time of ``joins`` joins is later: a receipt reports at most 2.5 spans
+        after its open (``_latency``), a retry up to twice 2 s and 1.25 spans later, a changed
+        duplicate 0.5 s after that (``_branch``): under 5 spans and 5 s."""
+        span = max([duration_ms(s.deadline_s or JoinDefaults().deadline_s)
+                    for s in self.contracts.values()]
+                   + [duration_ms(max(_EXPLICIT_DEADLINES_S))])
+        return self.opened_ms(joins - 1) + 5 * span + 5_000
+
     def _message_id(self) -> str:
         self.messages += 1
         return f"m{self.seed}-{self.messages:08d}"
@@ -289,7 +299,7 @@ class _Generator:
     def _receipt(self, join: _Join, branch: str, status: Status, event_ms: int, *,
                  attempt: int = 1, key: str | None = None, value: Any = None,
                  error: str | None = None) -> dict[str, Any]:
-        return receipt_message(join.ctx, branch, status, _instant(event_ms),
+        return receipt_message(join.ctx, branch, status, format_ms(event_ms),
                                self._message_id(), attempt=attempt, key=key, value=value,
                                error=error)
 
@@ -317,14 +327,14 @@ class _Generator:
             contract = None
             width = rng.randint(13, 48) if rng.random() < rates.wide else rng.randint(2, 12)
             required = [f"part/{k:02d}" for k in range(width)]
-            deadline_s = float(rng.choice((10, 20, 30, 45)))
+            deadline_s = float(rng.choice(_EXPLICIT_DEADLINES_S))
             open_fields = {"required": required, "deadline_s": deadline_s}
             optional = ["part/extra"] if rng.random() < 0.5 else []
             if optional:
                 open_fields["optional"] = optional
             if rng.random() < 0.3:
                 open_fields["allow_partial"] = True
-        ctx = JoinContext(join_id=f"sim{self.seed}-{index:06d}", opened_at=_instant(opened_ms),
+        ctx = JoinContext(join_id=f"sim{self.seed}-{index:06d}", opened_at=format_ms(opened_ms),
                           contract=contract, run_id=f"run-{self.seed}-{index // 1000:03d}")
         return _Join(ctx, opened_ms, duration_ms(deadline_s), required, optional, keyed,
                      open_fields)
@@ -434,15 +444,6 @@ class PastYear9999(ValueError):
     """The simulation reached an instant after 9999-12-31T23:59:59.999Z (a late ``start``)."""
 
 
-def _instant(ms: int) -> str:
-    """``ms`` as RFC 3339 text; ``PastYear9999`` past the last instant RFC 3339 can write,
-    never a time clamped to it (which would break the shift-by-``start`` guarantee)."""
-    if ms > MAX_MS:
-        raise PastYear9999("the simulation runs past 9999-12-31T23:59:59.999Z, the last "
-                           "instant RFC 3339 can write: give an earlier start")
-    return format_ms(ms)
-
-
 def _start_ms(start: str | int) -> int:
     if isinstance(start, str):
         return parse_rfc3339(start)
@@ -451,17 +452,27 @@ def _start_ms(start: str | int) -> int:
     return start
 
 
+def _generator(joins: int, seed: int, rates: SimRates | None, start_ms: int,
+               stagger_ms: float) -> _Generator:
+    """The generator of ``timed_lines``, its arguments checked before any line is made."""
+    if isinstance(joins, bool) or not isinstance(joins, int) or joins < 0:
+        raise ValueError(f"joins must be an integer >= 0, not {joins!r}")
+    if not stagger_ms > 0:
+        raise ValueError(f"stagger_ms must be > 0, not {stagger_ms!r}")
+    gen = _Generator(seed, rates or SimRates(), start_ms, stagger_ms)
+    if joins and gen.latest_event_ms(joins) > MAX_MS:
+        raise PastYear9999("the simulation could run past 9999-12-31T23:59:59.999Z, the last "
+                           "instant RFC 3339 can write: give an earlier start")
+    return gen
+
+
 def timed_lines(joins: int, seed: int = 0, rates: SimRates | None = None, *,
                 start: str | int = EPOCH, stagger_ms: float = STAGGER_MS
                 ) -> Iterator[tuple[int, SimLine]]:
     """``(arrival_ms, line)`` in arrival order: join ``i`` opens at ``start + i * stagger_ms``
     (``start``: RFC 3339 or epoch milliseconds)."""
-    if isinstance(joins, bool) or not isinstance(joins, int) or joins < 0:
-        raise ValueError(f"joins must be an integer >= 0, not {joins!r}")
-    if not stagger_ms > 0:
-        raise ValueError(f"stagger_ms must be > 0, not {stagger_ms!r}")
     start_ms = _start_ms(start)
-    gen = _Generator(seed, rates or SimRates(), start_ms, stagger_ms)
+    gen = _generator(joins, seed, rates, start_ms, stagger_ms)
     heap = gen.heap
     opened: set[str] = set()
     max_event = start_ms

@@ -88,6 +88,8 @@ def test_a_start_too_late_for_the_simulation_is_bad_use(tmp_path: Path) -> None:
     assert line.startswith("fanin simulate: error: --start 9999-12-31T23:59:59.999Z: ")
     assert "past 9999-12-31T23:59:59.999Z" in line
     assert not out.exists()
+    # refused before the first line: nothing on standard output either (bad_use checks it)
+    bad_use(tmp_path, "--joins", "50", "--start", "9999-12-31T23:59:00Z", "--out", "-")
     assert main(["simulate", "--joins", "3", "--start", "9999-12-31T00:00:00Z",
                  "--out", str(out)]) == 0
     assert out.read_text().count("9999-12-31T") > 3
