@@ -81,12 +81,12 @@ def _service() -> str:
     return f"the Pub/Sub emulator at {host} (PUBSUB_EMULATOR_HOST)" if host else "Pub/Sub"
 
 
-
 def _bad_use(message: str) -> int:
     """One ``fanin publish: error: ...`` line on stderr (as every subcommand says bad use);
     exit status 2."""
     print(f"fanin publish: error: {message}", file=sys.stderr)
     return 2
+
 
 def run_publish(args: argparse.Namespace) -> int:  # noqa: C901 (one exit per publish outcome the CLI reports)
     """Run ``fanin publish`` for parsed ``args``; returns the exit status."""
