@@ -17,7 +17,8 @@ Guarantees:
 - ``error`` reports the text ``describe`` makes, ``"ExceptionType: message"`` (the SDK's form).
 - Every receipt carries the attempt it is given (the framework's own retry count), so a retry
   supersedes the failed attempt (docs/spec.md §3).
-- Sink failures (``PublishError``) propagate to the caller, as with the SDK, except while a
+- Sink failures (``PublishError``, a file sink's ``OSError``, a closed sink's ``ValueError``)
+  propagate to the caller, as with the SDK (never reported as the branch's error), except while a
   branch's own exception is reported (``error`` with ``during_failure``): that exception is
   what reaches the caller, and the sink's failure is logged.
 """
@@ -29,7 +30,7 @@ import logging
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
-from fanin.sdk import Emitter, JoinContext, MessageRefused, PublishError
+from fanin.sdk import Emitter, JoinContext, MessageRefused
 
 __all__ = ["FanOutReporter", "describe", "describe_exception", "jsonable", "keyed",
            "missing_extra"]
@@ -121,21 +122,25 @@ class FanOutReporter:
     def ok(self, ctx: JoinContext, branch: str, value: Any, *, key: str | None,
            attempt: int) -> None:
         """Report a finished run of ``branch`` with ``value`` (see the module guarantees)."""
-        try:
-            self.emitter.emit(ctx, branch, "ok", value=jsonable(value), key=key,
-                              attempt=attempt)
-        except PublishError:
-            raise
-        except Exception as exc:  # the value (or the key) could not be sent, whatever raised
+        try:  # the receipt is made and checked first: only what it holds can fail here
+            sendable = jsonable(value)
+            self.emitter.check_receipt(ctx, branch, "ok", value=sendable, key=key,
+                                       attempt=attempt)
+        except Exception as exc:  # the value (or the key) cannot be sent, whatever raised
             why = "nested too deeply, or refers to itself" if isinstance(exc, RecursionError) \
                 else describe_exception(exc) if not isinstance(exc, (TypeError, ValueError)) \
                 else str(exc)
             _LOG.warning("fanin: branch %r of join %s: %s", branch, ctx.join_id, why)
             error = f"unreported value: {why}"
             try:
-                self.emitter.emit(ctx, branch, "error", error=error, key=key, attempt=attempt)
+                self.emitter.check_receipt(ctx, branch, "error", error=error, key=key,
+                                           attempt=attempt)
             except (TypeError, MessageRefused):  # the key was what failed: an error writes none
-                self.emitter.emit(ctx, branch, "error", error=error, attempt=attempt)
+                key = None
+            self.emitter.emit(ctx, branch, "error", error=error, key=key, attempt=attempt)
+            return
+        # the sink's failures (PublishError, OSError, a closed sink) reach the caller
+        self.emitter.emit(ctx, branch, "ok", value=sendable, key=key, attempt=attempt)
 
     def error(self, ctx: JoinContext, branch: str, text: str, *, attempt: int,
               during_failure: bool = False) -> None:

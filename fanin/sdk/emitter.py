@@ -146,6 +146,9 @@ class Emitter:
             # with no receipt to say so
             raise ValueError(f"max_bytes={max_bytes} is over what {sink!r} can send "
                              f"({sink.max_message_bytes} bytes a message)")
+        if isinstance(max_tracked, bool) or not isinstance(max_tracked, int) or max_tracked < 1:
+            # 0 would count nothing: every run of a branch would be attempt 1
+            raise ValueError(f"max_tracked must be an integer >= 1, not {max_tracked!r}")
         self.sink = sink
         self.contracts = contracts
         self.clock = clock
@@ -176,7 +179,9 @@ class Emitter:
         return line
 
     def _send(self, msg: dict[str, Any]) -> dict[str, Any]:
-        line = self._encode(msg)
+        return self._publish(msg, self._encode(msg))
+
+    def _publish(self, msg: dict[str, Any], line: str) -> dict[str, Any]:
         self.sink.publish(EncodedMessage(line=line, join_id=msg["join_id"],
                                          message_id=msg["message_id"],
                                          event_time=msg.get("event_time", msg["opened_at"])))
@@ -190,12 +195,21 @@ class Emitter:
     def _next_attempt(self, ctx: JoinContext, branch: str, attempt: int | None) -> int:
         with self._lock:
             key = (ctx.join_id, branch)
-            last = self._attempts.pop(key, 0)
-            chosen = max(last + 1, ctx.attempt or 1) if attempt is None else attempt
-            self._attempts[key] = max(last, chosen)
-            if len(self._attempts) > self.max_tracked:
-                del self._attempts[next(iter(self._attempts))]
+            chosen = self._choose(key, ctx, attempt)
+            self._count(key, chosen)
             return chosen
+
+    def _choose(self, key: tuple[str, str], ctx: JoinContext, attempt: int | None) -> int:
+        """The attempt of the branch's next receipt (``attempt`` if given); counts nothing."""
+        return max(self._attempts.get(key, 0) + 1, ctx.attempt or 1) if attempt is None \
+            else attempt
+
+    def _count(self, key: tuple[str, str], chosen: int) -> None:
+        """Count ``chosen`` as sent for the branch ``key`` (with ``_lock`` held)."""
+        last = self._attempts.pop(key, 0)
+        self._attempts[key] = max(last, chosen)
+        if len(self._attempts) > self.max_tracked:
+            del self._attempts[next(iter(self._attempts))]
 
     def check_reportable(self, ctx: JoinContext, branch: str, key: str | None = None, *,
                          attempt: int | None = None) -> None:
@@ -226,11 +240,32 @@ class Emitter:
     def emit(self, ctx: JoinContext, branch: str, status: Status, *, value: Any = None,
              error: str | None = None, key: str | None = None,
              attempt: int | None = None) -> dict[str, Any]:
-        """Emit one receipt now (attempt per the counter unless given). Returns the message."""
-        chosen = 1 if status == "skipped" else self._next_attempt(ctx, branch, attempt)
-        return self._send(receipt_message(ctx, branch, status, now_rfc3339(self.clock),
-                                          self.new_id(), attempt=chosen, key=key, value=value,
-                                          error=error))
+        """Emit one receipt now (attempt per the counter unless given). Returns the message.
+        A receipt refused before it reaches the sink (``MessageRefused``, ``TypeError``,
+        ``ClockError``) counts no attempt; a sink's failure propagates, its attempt counted."""
+        if status == "skipped":
+            return self._send(receipt_message(ctx, branch, status, now_rfc3339(self.clock),
+                                              self.new_id(), attempt=1, key=key, value=value,
+                                              error=error))
+        with self._lock:
+            branch_key = (ctx.join_id, branch)
+            chosen = self._choose(branch_key, ctx, attempt)
+            msg = receipt_message(ctx, branch, status, now_rfc3339(self.clock), self.new_id(),
+                                  attempt=chosen, key=key, value=value, error=error)
+            line = self._encode(msg)
+            self._count(branch_key, chosen)
+        return self._publish(msg, line)
+
+    def check_receipt(self, ctx: JoinContext, branch: str, status: Status, *,
+                      value: Any = None, error: str | None = None, key: str | None = None,
+                      attempt: int | None = None) -> None:
+        """Raise what ``emit`` would raise for this receipt before it reaches the sink
+        (``MessageRefused``, ``TypeError`` for a value JSON cannot hold, ...); send nothing,
+        count nothing. The clock and ``new_id`` are not called (stand-ins of the same length
+        are used)."""
+        chosen = self._peek_attempt(ctx, branch) if attempt is None else attempt
+        self._encode(receipt_message(ctx, branch, status, _PROBE_EVENT_TIME, _PROBE_MESSAGE_ID,
+                                     attempt=chosen, key=key, value=value, error=error))
 
     def skip(self, ctx: JoinContext, branch: str) -> dict[str, Any]:
         """Report the route ``branch`` (and everything under ``branch/``) as not taken."""

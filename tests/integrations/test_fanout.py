@@ -70,6 +70,33 @@ def test_a_value_that_cannot_be_sent_is_an_error_receipt_saying_why(value: Any,
     assert receipt["error"].startswith("unreported value: ") and reason in receipt["error"]
 
 
+@pytest.mark.parametrize("failure", [OSError(28, "No space left on device"),
+                                     ValueError("out.jsonl: sink is closed")])
+def test_a_sink_that_fails_is_the_callers_failure_not_the_branchs_error(
+        failure: Exception) -> None:
+    """A sink's failure to take an ``ok`` receipt was caught as an unsendable value: the
+    branch, which had succeeded, was reported as ``error`` on the retry, and nobody saw the
+    failure."""
+    class FailingOnce(MemorySink):
+        armed = False
+
+        def publish(self, message: Any) -> None:
+            if self.armed:
+                self.armed = False
+                raise failure
+            super().publish(message)
+
+    sink = FailingOnce()
+    reporter = FanOutReporter(Emitter(sink, max_bytes=2048))
+    ctx = reporter.open({"a", "b"}, {"a", "b"}, None)
+    assert ctx is not None
+    sink.armed = True
+    with pytest.raises(type(failure)) as raised:
+        reporter.ok(ctx, "a", {"answer": 42}, key=None, attempt=1)
+    assert raised.value is failure
+    assert [m["kind"] for m in _messages(sink)] == ["open"]
+
+
 def test_keyed_uses_the_single_plain_key_else_the_branch() -> None:
     plain = {"score"}.__contains__
     assert keyed({"score": 0.9}, plain) == ("score", 0.9)

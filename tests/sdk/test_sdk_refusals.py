@@ -564,3 +564,26 @@ def test_the_file_sink_needs_neither_fork_nor_close_on_exec(tmp_path: Path) -> N
                           capture_output=True, text=True, timeout=120, env=same_code_env())
     assert done.returncode == 0, done.stderr
     assert [json.loads(line)["kind"] for line in jsonl_lines(tmp_path / "o.jsonl")] == ["open"]
+
+
+def test_a_refused_receipt_counts_no_attempt(emitter: Emitter, sink: MemorySink,
+                                             ctx: JoinContext) -> None:
+    """A receipt refused before the sink (a value JSON cannot hold, an attempt past 2**63-1)
+    used up an attempt: the first receipt sent after two refusals was attempt 3, and an
+    explicit attempt of 2**63 left the branch refused for good."""
+    for unsendable in (float("nan"), b"x"):
+        with pytest.raises((TypeError, MessageRefused)):
+            emitter.emit(ctx, "b", "ok", value=unsendable)
+    assert emitter.emit(ctx, "b", "ok", value="fine")["attempt"] == 1
+    with pytest.raises(MessageRefused):
+        emitter.emit(ctx, "a", "ok", value=1, attempt=2**63)
+    assert emitter.emit(ctx, "a", "ok", value=1)["attempt"] == 1
+    assert [parsed(line)["attempt"] for line in sink.lines] == [1, 1]
+
+
+@pytest.mark.parametrize("tracked", [0, -1, True, 1.5])
+def test_an_emitter_that_would_count_no_attempt_is_refused(tracked: Any) -> None:
+    """``max_tracked=0`` counted nothing: every run of a branch was attempt 1, so a retry
+    was a changed duplicate of the failure, not a newer attempt."""
+    with pytest.raises(ValueError, match="max_tracked must be an integer >= 1"):
+        Emitter(MemorySink(), max_tracked=tracked)
