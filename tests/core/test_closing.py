@@ -141,3 +141,14 @@ def test_defaults_apply_where_nothing_else_says() -> None:
                         allow_partial=True)
     assert closed is not None and closed.reason == "partial"
     assert closed.close["deadline"] == "2026-01-01T00:00:05.000Z"
+
+
+def test_a_pruned_branch_that_reports_is_keyed_by_its_reports_not_its_skip() -> None:
+    """docs/spec.md §5: the key of ``pruned_branch_reported`` is the least key of the pruned
+    branch's reports; the skip that pruned it (keyed by the branch's name) is not one."""
+    closed, _ = outcome([open_msg(contract="strict"), receipt("b", 1, status="skipped"),
+                         receipt("b", 2, key="bk"), receipt("a", 3)])
+    assert closed is not None
+    assert closed.close["pruned"] == ["b"]
+    assert [(c["kind"], c["branch"], c["key"]) for c in closed.close["conflicts"]] \
+        == [("pruned_branch_reported", "b", "bk")]
