@@ -114,7 +114,7 @@ def _add_run(subparsers: argparse._SubParsersAction[_Parser]) -> None:
     limits.add_argument("--shards", type=int, default=1,
                         help="files per output (bounded, replay), per write (Pub/Sub); "
                         "1 to 1000")
-    run.add_argument("--log-closes", action="store_true",
+    run.add_argument("--log-closes", action=argparse.BooleanOptionalAction, default=False,
                      help="log one structured event per close (fanin.close logger; also "
                      "on Dataflow workers, one Cloud Logging entry per close)")
     run.add_argument(

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 __all__ = ["parameter_names", "to_fanin_args"]
 
 METADATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "metadata.json")
-_BOOLEANS = frozenset({"allow_partial", "fail_fast"})
+_BOOLEANS = frozenset({"allow_partial", "fail_fast", "log_closes"})
 _LISTS = frozenset({"format"})
 
 

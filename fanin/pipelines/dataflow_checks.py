@@ -97,7 +97,7 @@ def _check_dataflow_job(config: RunConfig, options: PipelineOptions) -> None:
     try:
         validate_dataflow_location(cloud.project, cloud.region, cloud.temp_location)
         if cloud.staging_location:
-            validate_gcs_path("staging_location", cloud.staging_location)
+            validate_gcs_path("staging_location", cloud.staging_location, folder=True)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     if not config.output.startswith("gs://"):  # s3:// needs boto3, which workers lack

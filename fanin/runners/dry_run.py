@@ -223,6 +223,11 @@ def _prepare_dataflow(options: PipelineOptions, skipped: list[str]) -> None:
                           "use --setup_file or --sdk_container_image")
     if setup.prebuild_sdk_container_engine:
         raise DryRunError("--prebuild_sdk_container_engine builds and pushes an image (network)")
+    for name, path in [("--setup_file", setup.setup_file),
+                       *(("--extra_package", package) for package in setup.extra_packages or [])]:
+        if path and "://" in path:
+            raise DryRunError(f"{name} {path}: Beam's stager fetches it while staging (network); "
+                              "give a local copy for the dry run")
     if cloud.template_location or options.view_as(DebugOptions).dataflow_job_file:
         skipped.append("--template_location/--dataflow_job_file: Beam writes them only after "
                        "staging; the job request is in the dry-run file instead")

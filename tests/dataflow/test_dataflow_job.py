@@ -221,7 +221,16 @@ def test_only_fanins_own_setup_file_is_added(tmp_path: Path, monkeypatch: pytest
     (["--output", "s3://my-bucket/out"], "--output s3://my-bucket/out: a Dataflow job writes "
      "where its workers can, a gs:// path"),
     (["--output", "gs://B/out"], "--output bucket must be a valid bucket name (3-63 "
-     "characters: a-z, 0-9, -, _, .), got 'B'"),
+     "characters, or up to 222 with dots: a-z, 0-9, -, _, .; not starting with goog, not "
+     "containing google, not an IP address), got 'B'"),
+    # each went on with the job (a bucket Cloud Storage refuses), or, for a location with no
+    # folder, to the network with tracebacks, also in a dry run
+    *[(["--output", f"gs://{bucket}/out"], "--output bucket must be a valid bucket name (3-63 "
+       "characters, or up to 222 with dots: a-z, 0-9, -, _, .; not starting with goog, not "
+       f"containing google, not an IP address), got '{bucket}'")
+      for bucket in ("goog-bucket", "my-google-bucket", "192.168.1.1", "bucket..x")],
+    (["--temp_location=gs://fanin-dry-run-bucket"], "temp_location must be a folder in a "
+     "bucket, gs://BUCKET/PATH, got 'gs://fanin-dry-run-bucket'"),
     (["--region=us_central1"], "region must be a region such as us-central1, got 'us_central1'"),
     (["--temp_location=/tmp/x"], "temp_location must be a gs:// path, got '/tmp/x'"),
     (["--max_num_workers", "0"], "Pipeline has validations errors: Invalid value (0) for option: "

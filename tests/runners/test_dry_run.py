@@ -160,6 +160,15 @@ def test_maybe_dry_run_without_the_option_does_nothing(tmp_path: Path) -> None:
     ([*dataflow("fanin-dry-run", "us-central1", "gs://fanin-dry-run-bucket/t"),
       "--requirements_file=requirements.txt"], {}, "pip download"),
     ([], {"inputs": ["gs://fanin-dry-run-bucket/in/*.jsonl"]}, "local copy"),
+    # Beam's stager fetched it: credential retries and tracebacks for minutes
+    ([*dataflow("fanin-dry-run", "us-central1", "gs://fanin-dry-run-bucket/t"),
+      "--extra_package=gs://fanin-dry-run-bucket/pkgs/fanin-0.1.0-py3-none-any.whl"], {},
+     "--extra_package gs://fanin-dry-run-bucket/pkgs/fanin-0.1.0-py3-none-any.whl: Beam's "
+     "stager fetches it while staging"),
+    # Beam went to the network for a default bucket, then a traceback after minutes
+    (["--runner=DataflowRunner", "--project=fanin-dry-run", "--region=us-central1",
+      "--temp_location=gs://fanin-dry-run-bucket"], {}, "temp_location must be a folder in a "
+     "bucket"),
 ])
 def test_what_needs_the_network_is_refused(tmp_path: Path, args: list[str],
                                            config: dict[str, object], message: str) -> None:

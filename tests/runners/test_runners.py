@@ -154,6 +154,7 @@ EXAMPLES = {
     "deadline_s": "45",
     "allow_partial": "true",
     "fail_fast": "false",
+    "log_closes": "true",
     "retention_s": "604800",
     "window_s": "60",
     "shards": "2",
@@ -170,7 +171,8 @@ EXAMPLES = {
 BAD = {
     "subscription": "projects/my-project/topics/t", "input": "/local/file.jsonl",
     "output": "out/", "contracts": "gs://my-bucket/c.json", "close_trigger": "eagerly",
-    "deadline_s": "-1", "allow_partial": "yes", "fail_fast": "1", "retention_s": "7d",
+    "deadline_s": "-1", "allow_partial": "yes", "fail_fast": "1", "log_closes": "on",
+    "retention_s": "7d",
     "window_s": "a", "shards": "0", "max_bytes": "1e6", "max_messages_per_join": "-5",
     "format": "csv", "max_bytes_per_join": "16MiB", "bigquery_dataset": "my project:fanin",
     "closes_topic": "projects/p/subscriptions/s", "late_topic": "fanin-late",
