@@ -252,3 +252,15 @@ def test_flex_pubsub_regexes_accept_what_fanin_accepts(name: str) -> None:
         path = "projects/" + name.format(collection)
         assert bool(re.fullmatch(regexes[parameter], path)) == _accepted(path, collection), \
             (parameter, path)
+
+
+@pytest.mark.parametrize(("name", "accepted", "refused"), [
+    ("deadline_s", ["1", "0.5", "30"], ["0", "0.0", "-1"]),
+    ("window_s", ["1", "60", "86400"], ["0", "86401", "90000", "1.5"]),
+    ("shards", ["1", "1000"], ["0", "1001"])])
+def test_flex_limits_are_fanin_runs(name: str, accepted: list[str], refused: list[str]) -> None:
+    """The template took window_s=90000, shards=1001 and deadline_s=0, which ``fanin run``
+    then refused at launch, after the job had been asked for."""
+    metadata = json.loads((FLEX / "metadata.json").read_text(encoding="utf-8"))
+    (regex,) = next(p["regexes"] for p in metadata["parameters"] if p["name"] == name)
+    assert [v for v in accepted + refused if re.fullmatch(regex, v)] == accepted
