@@ -92,7 +92,6 @@ def run_publish(args: argparse.Namespace) -> int:  # noqa: C901 (one exit per pu
     """Run ``fanin publish`` for parsed ``args``; returns the exit status."""
     from google.auth.exceptions import DefaultCredentialsError
 
-    from fanin.io.inputs import UnreadableInput
     from fanin.io.publish import publish_file
     from fanin.io.pubsub import check_emulator_host, validate_topic_path
 
@@ -131,9 +130,9 @@ def run_publish(args: argparse.Namespace) -> int:  # noqa: C901 (one exit per pu
                                waiting=waiting, stop=stop)
     except OSError as exc:
         return _bad_use(f"cannot read {args.file}: {exc.strerror or exc}")
-    except ValueError as exc:  # credentials that cannot be read
-        return _bad_use(str(exc))
-    except UnreadableInput as exc:  # lines before the damage were published
+    # credentials that cannot be read, or UnreadableInput (a ValueError: a damaged
+    # compressed file, whose lines before the damage were published)
+    except ValueError as exc:
         return _bad_use(str(exc))
     except DefaultCredentialsError:
         return _bad_use("no Google credentials: set PUBSUB_EMULATOR_HOST=HOST:PORT to use the "
