@@ -27,7 +27,7 @@ from fanin.pipelines.cloud_names import (
 )
 from fanin.pipelines.config import ConfigError, RunConfig
 
-__all__ = ["check_bigquery_options", "check_dataflow", "checkout_setup_file"]
+__all__ = ["check_bigquery_options", "check_dataflow", "checkout_setup_file", "staged_files"]
 
 _LOG = logging.getLogger("fanin")
 
@@ -64,13 +64,18 @@ def checkout_setup_file() -> str | None:
 _PACKAGE_ENDINGS = (".tar", ".tar.gz", ".whl", ".zip")  # what Beam's stager takes
 
 
+def staged_files(setup: SetupOptions) -> list[tuple[str, str]]:
+    """``(option, path)`` of every file Beam stages for the workers that ``setup`` names."""
+    named = [("--setup_file", setup.setup_file), ("--requirements_file", setup.requirements_file),
+             *(("--extra_package", package) for package in setup.extra_packages or [])]
+    return [(option, path) for option, path in named if path]
+
+
 def _check_staged_files(setup: SetupOptions) -> None:
     """The local files Beam stages for the workers exist and are of the kind it takes (else
     its stager fails with a traceback once the graph is built)."""
-    named = [("--setup_file", setup.setup_file), ("--requirements_file", setup.requirements_file),
-             *(("--extra_package", package) for package in setup.extra_packages or [])]
-    for option, path in named:
-        if path and "://" not in path and not os.path.isfile(path):
+    for option, path in staged_files(setup):
+        if "://" not in path and not os.path.isfile(path):
             raise ConfigError(f"{option}: no such file: {path}")
     if setup.setup_file and os.path.basename(setup.setup_file) not in SETUP_FILE_NAMES:
         raise ConfigError(f"--setup_file: give Fanin's setup.py (Beam builds a pyproject.toml "

@@ -53,6 +53,7 @@ from apache_beam.transforms import userstate
 from google.protobuf import json_format
 
 from fanin.io.files import atomic_write
+from fanin.pipelines.dataflow_checks import staged_files
 from fanin.pipelines.pipeline import RunConfig, build, catalog_for, configure_options
 from fanin.transforms.read import expand_inputs
 
@@ -223,9 +224,8 @@ def _prepare_dataflow(options: PipelineOptions, skipped: list[str]) -> None:
                           "use --setup_file or --sdk_container_image")
     if setup.prebuild_sdk_container_engine:
         raise DryRunError("--prebuild_sdk_container_engine builds and pushes an image (network)")
-    for name, path in [("--setup_file", setup.setup_file),
-                       *(("--extra_package", package) for package in setup.extra_packages or [])]:
-        if path and "://" in path:
+    for name, path in staged_files(setup):  # --requirements_file: refused above
+        if "://" in path:
             raise DryRunError(f"{name} {path}: Beam's stager fetches it while staging (network); "
                               "give a local copy for the dry run")
     if cloud.template_location or options.view_as(DebugOptions).dataflow_job_file:
