@@ -21,7 +21,7 @@ from typing import Any
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
+from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 from apache_beam.pvalue import PCollection
 
 from fanin.contracts.catalog import Catalog, load_contracts
@@ -34,7 +34,12 @@ from fanin.pipelines.collector import collector_for_run
 from fanin.pipelines.config import ConfigError, RunConfig
 from fanin.pipelines.dataflow_checks import check_bigquery_options, check_dataflow
 from fanin.pipelines.output_folder import check_output_early, files_in, locked_output
-from fanin.pipelines.runner_choice import check_runner_class, choose_runner, early_firing
+from fanin.pipelines.runner_choice import (
+    check_local_workers,
+    check_runner_class,
+    choose_runner,
+    early_firing,
+)
 from fanin.transforms.join import JoinRecords
 from fanin.transforms.parse import KeyMessages, ParseMessages
 from fanin.transforms.read import ReadNumberedLines, Source, expand_inputs, numbered_lines
@@ -208,23 +213,6 @@ def _check_pubsub_resources(config: RunConfig) -> None:
         raise ConfigError(str(error)) from None
 
 
-_DIRECT_STREAM_RUNNERS = ("BundleBasedDirectRunner", "DirectRunner", "SwitchingDirectRunner")
-
-
-def _check_local_workers(options: PipelineOptions, runner: str, streaming: bool) -> None:
-    """``--direct_num_workers`` is 1 or more, or 0 (a worker per core), and is not given to a
-    stream on Beam's direct runners, which run it on one worker whatever it says
-    (``ConfigError``)."""
-    workers = options.view_as(DirectOptions).direct_num_workers
-    if (workers or 0) < 0:
-        raise ConfigError("--direct_num_workers must be 1 or more (0: as many as the machine "
-                          "has cores)")
-    if workers not in (None, 1) and streaming and runner in _DIRECT_STREAM_RUNNERS:
-        raise ConfigError(f"--direct_num_workers={workers} applies to bounded runs "
-                          f"(FnApiRunner); a stream on {runner} runs one worker and would "
-                          "ignore it")
-
-
 def run_pipeline(config: RunConfig, beam_args: Sequence[str],
                  runner_instance: beam.runners.runner.PipelineRunner | None = None
                  ) -> beam.runners.runner.PipelineResult:
@@ -245,7 +233,7 @@ def run_pipeline(config: RunConfig, beam_args: Sequence[str],
         from fanin.io.bigquery import check_credentials
 
         check_credentials()
-    _check_local_workers(options, runner, config.streaming)
+    check_local_workers(options, runner, config.streaming)
     if config.streaming and not runner.endswith("DataflowRunner"):
         if config.id_label:  # offline, so before asking Pub/Sub
             raise ConfigError(f"--id-label needs the Dataflow runner; {runner} does not "

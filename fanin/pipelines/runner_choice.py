@@ -14,14 +14,14 @@ from __future__ import annotations
 import importlib
 from collections.abc import Sequence
 
-from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
 from apache_beam.runners.runner import PipelineRunner
 
 from fanin.pipelines.config import ConfigError, RunConfig
 from fanin.transforms.write import AT_END, BY_COUNT_OR_TIME, BY_TIME
 
-__all__ = ["check_runner_class", "choose_runner", "early_firing", "runner_class_name",
-           "runner_in"]
+__all__ = ["check_local_workers", "check_runner_class", "choose_runner", "early_firing",
+           "runner_class_name", "runner_in"]
 
 
 def choose_runner(config: RunConfig, options: PipelineOptions) -> str:
@@ -76,9 +76,24 @@ def check_runner_class(name: str) -> None:
                           "apache_beam.runners.runner.PipelineRunner)")
 
 
-# Runners whose triggers Beam's Python SDK executes in process (the others run them runner-side)
-_PYTHON_TRIGGER_RUNNERS = ("DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner",
-                           "FnApiRunner")
+# Beam's runners that run the pipeline in this process: they execute triggers in Python (the
+# others run them runner-side), and a stream on them runs on one worker
+_IN_PROCESS_RUNNERS = ("DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner",
+                       "FnApiRunner")
+
+
+def check_local_workers(options: PipelineOptions, runner: str, streaming: bool) -> None:
+    """``--direct_num_workers`` is 1 or more, or 0 (a worker per core), and is not given to a
+    stream on Beam's in-process runners, which run it on one worker whatever it says
+    (``ConfigError``)."""
+    workers = options.view_as(DirectOptions).direct_num_workers
+    if (workers or 0) < 0:
+        raise ConfigError("--direct_num_workers must be 1 or more (0: as many as the machine "
+                          "has cores)")
+    if workers not in (None, 1) and streaming and runner in _IN_PROCESS_RUNNERS:
+        raise ConfigError(f"--direct_num_workers={workers} applies to bounded runs "
+                          f"(FnApiRunner); a stream on {runner} runs one worker and would "
+                          "ignore it")
 
 
 def early_firing(config: RunConfig, runner: str) -> str:
@@ -97,4 +112,4 @@ def early_firing(config: RunConfig, runner: str) -> str:
     """
     if config.replay:
         return AT_END
-    return BY_TIME if runner in _PYTHON_TRIGGER_RUNNERS else BY_COUNT_OR_TIME
+    return BY_TIME if runner in _IN_PROCESS_RUNNERS else BY_COUNT_OR_TIME
