@@ -187,10 +187,11 @@ class Emitter:
                                          event_time=msg.get("event_time", msg["opened_at"])))
         return msg
 
-    def _peek_attempt(self, ctx: JoinContext, branch: str) -> int:
-        """The attempt ``_next_attempt(ctx, branch, None)`` would choose now (nothing counted)."""
+    def _peek_attempt(self, ctx: JoinContext, branch: str, attempt: int | None) -> int:
+        """The attempt ``_next_attempt(ctx, branch, attempt)`` would choose now (nothing
+        counted)."""
         with self._lock:
-            return max(self._attempts.get((ctx.join_id, branch), 0) + 1, ctx.attempt or 1)
+            return self._choose((ctx.join_id, branch), ctx, attempt)
 
     def _next_attempt(self, ctx: JoinContext, branch: str, attempt: int | None) -> int:
         with self._lock:
@@ -223,7 +224,7 @@ class Emitter:
         context (``not_utf8``), an unknown contract, an attempt past 2**63-1. The clock and
         ``new_id`` are not called (stand-ins of the same length are used).
         """
-        chosen = self._peek_attempt(ctx, branch) if attempt is None else attempt
+        chosen = self._peek_attempt(ctx, branch, attempt)
         refuse_unreportable(receipt_message(ctx, branch, "timeout", _PROBE_EVENT_TIME,
                                             _PROBE_MESSAGE_ID, attempt=chosen, key=key,
                                             error=""),
@@ -263,7 +264,7 @@ class Emitter:
         (``MessageRefused``, ``TypeError`` for a value JSON cannot hold, ...); send nothing,
         count nothing. The clock and ``new_id`` are not called (stand-ins of the same length
         are used)."""
-        chosen = self._peek_attempt(ctx, branch) if attempt is None else attempt
+        chosen = self._peek_attempt(ctx, branch, attempt)
         self._encode(receipt_message(ctx, branch, status, _PROBE_EVENT_TIME, _PROBE_MESSAGE_ID,
                                      attempt=chosen, key=key, value=value, error=error))
 
