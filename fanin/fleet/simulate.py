@@ -441,7 +441,8 @@ class _Generator:
 
 
 class PastYear9999(ValueError):
-    """The simulation reached an instant after 9999-12-31T23:59:59.999Z (a late ``start``)."""
+    """The simulation could reach an instant after 9999-12-31T23:59:59.999Z (a late
+    ``start``); raised before its first line."""
 
 
 def _start_ms(start: str | int) -> int:
