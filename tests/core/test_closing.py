@@ -6,6 +6,7 @@ from typing import Any
 
 from support.builders import make_catalog, open_msg, receipt, records, ts
 
+from fanin.contracts import records as R
 from fanin.contracts.records import Record
 from fanin.contracts.timefmt import parse_rfc3339
 from fanin.core.closing import Closed, Pending, Undefined, decide
@@ -152,3 +153,16 @@ def test_a_pruned_branch_that_reports_is_keyed_by_its_reports_not_its_skip() -> 
     assert closed.close["pruned"] == ["b"]
     assert [(c["kind"], c["branch"], c["key"]) for c in closed.close["conflicts"]] \
         == [("pruned_branch_reported", "b", "bk")]
+
+
+def test_the_specs_example_of_a_definition_over_time() -> None:
+    """Contract ``strict`` (required a, b; ``deadline_s`` 10): receipt a at 00:00 without a
+    contract, receipt b at 00:20 naming it. At 00:20 the definition gives D = 00:10, before
+    b: the join closes ``timeout`` at 00:10 holding a, and b is late ``after_deadline``."""
+    closed, rejected = outcome([receipt("a", 0), receipt("b", 20, contract="strict")])
+    assert closed is not None and rejected == []
+    assert (closed.reason, closed.close["closed_at"], closed.close["deadline"]) \
+        == ("timeout", ts(10), ts(10))
+    assert closed.close["counts"]["messages"] == 1
+    assert [(record[R.R_BRANCH], reason) for record, reason in closed.late] \
+        == [("b", "after_deadline")]
