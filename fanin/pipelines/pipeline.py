@@ -16,7 +16,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from collections.abc import Iterable, Sequence
+import shutil
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import apache_beam as beam
@@ -46,7 +47,7 @@ from fanin.transforms.read import ReadNumberedLines, Source, expand_inputs, numb
 from fanin.transforms.replay import MessageScan, Replay, build_replay, by_event_time
 from fanin.transforms.write import WriteOutput, new_token
 
-__all__ = ["ConfigError", "RunConfig", "build", "catalog_for", "configure_options",
+__all__ = ["ConfigError", "RunConfig", "beam_pipeline", "build", "catalog_for", "configure_options",
            "replay_horizon_ms", "replay_of", "replay_retention_floor_ms", "run_pipeline"]
 
 _LOG = logging.getLogger("fanin")
@@ -213,6 +214,22 @@ def _check_pubsub_resources(config: RunConfig) -> None:
         raise ConfigError(str(error)) from None
 
 
+@contextlib.contextmanager
+def beam_pipeline(options: PipelineOptions,
+                  runner: beam.runners.runner.PipelineRunner | None = None
+                  ) -> Iterator[beam.Pipeline]:
+    """A ``beam.Pipeline`` whose local temporary folder is gone when the block ends: Beam
+    makes one (``beam-pipeline-temp*``) when a pipeline is made and removes it only at the end
+    of ``run()``, so a job refused before it runs (a missing input, a locked output folder)
+    or only described (``--dry-run``) would leave it behind in the system's temporary
+    folder."""
+    p = beam.Pipeline(runner=runner, options=options)
+    try:
+        yield p
+    finally:
+        shutil.rmtree(p.local_tempdir, ignore_errors=True)
+
+
 def run_pipeline(config: RunConfig, beam_args: Sequence[str],
                  runner_instance: beam.runners.runner.PipelineRunner | None = None
                  ) -> beam.runners.runner.PipelineResult:
@@ -242,43 +259,43 @@ def run_pipeline(config: RunConfig, beam_args: Sequence[str],
         _check_pubsub_resources(config)
     if "://" not in config.output:
         check_output_early(config)  # before the build logs (a replay's plan, file names)
-    p = beam.Pipeline(runner=runner_instance, options=options)
-    drain = Drain() if config.reads_pubsub else None
-    build(p, config, catalog, drain)  # a missing input is reported here, before anything is written
-    lock = locked_output(config) if "://" not in config.output else None
-    before = files_in(config.output) if lock is not None else frozenset()
-    result: beam.runners.runner.PipelineResult | None = None
-    try:
-        _LOG.info("fanin: runner %s, %s input", runner,
-                  "streaming" if config.streaming else "bounded")
-        if config.streaming and runner.endswith("PrismRunner"):
-            _LOG.warning("fanin: Prism 2.77 may emit a stateful join's closes and late lines "
-                         "more than once when it splits a bundle with timers "
-                         "(apache/beam#35771), and hands the join a bundle's messages in "
-                         "event-time order, not as they arrived (eager closes and per-join "
-                         "limits follow that order; docs/runners.md); the default local "
-                         "streaming runner does neither")
-        with collector_for_run():
-            result = p.run()
-            if config.streaming and runner.endswith("DataflowRunner"):
-                _LOG.info("fanin: streaming job submitted; it runs until drained or cancelled")
-                return result
-            with drain_on_signals(drain, _LOG) if drain else contextlib.nullcontext():
-                result.wait_until_finish()
-    except BaseException as exc:
-        _stopped(exc, result, lock, before, config.output)
-        raise
-    if lock is not None:
-        lock.finish()
-    if config.reads_pubsub:
-        from fanin.io.pubsub import report_stale
+    with beam_pipeline(options, runner_instance) as p:
+        drain = Drain() if config.reads_pubsub else None
+        build(p, config, catalog, drain)  # a missing input is reported here, before any write
+        lock = locked_output(config) if "://" not in config.output else None
+        before = files_in(config.output) if lock is not None else frozenset()
+        result: beam.runners.runner.PipelineResult | None = None
+        try:
+            _LOG.info("fanin: runner %s, %s input", runner,
+                      "streaming" if config.streaming else "bounded")
+            if config.streaming and runner.endswith("PrismRunner"):
+                _LOG.warning("fanin: Prism 2.77 may emit a stateful join's closes and late lines "
+                             "more than once when it splits a bundle with timers "
+                             "(apache/beam#35771), and hands the join a bundle's messages in "
+                             "event-time order, not as they arrived (eager closes and per-join "
+                             "limits follow that order; docs/runners.md); the default local "
+                             "streaming runner does neither")
+            with collector_for_run():
+                result = p.run()
+                if config.streaming and runner.endswith("DataflowRunner"):
+                    _LOG.info("fanin: streaming job submitted; it runs until drained or cancelled")
+                    return result
+                with drain_on_signals(drain, _LOG) if drain else contextlib.nullcontext():
+                    result.wait_until_finish()
+        except BaseException as exc:
+            _stopped(exc, result, lock, before, config.output)
+            raise
+        if lock is not None:
+            lock.finish()
+        if config.reads_pubsub:
+            from fanin.io.pubsub import report_stale
 
-        report_stale()  # what the read counted since its last warning
-    if config.topics:
-        from fanin.io.pubsub_publish import report_unpublished
+            report_stale()  # what the read counted since its last warning
+        if config.topics:
+            from fanin.io.pubsub_publish import report_unpublished
 
-        report_unpublished()  # what the run's topics lack, before its summary line
-    return result
+            report_unpublished()  # what the run's topics lack, before its summary line
+        return result
 
 
 def _stopped(exc: BaseException, result: beam.runners.runner.PipelineResult | None,

@@ -54,7 +54,13 @@ from google.protobuf import json_format
 
 from fanin.io.files import atomic_write
 from fanin.pipelines.dataflow_checks import staged_files
-from fanin.pipelines.pipeline import RunConfig, build, catalog_for, configure_options
+from fanin.pipelines.pipeline import (
+    RunConfig,
+    beam_pipeline,
+    build,
+    catalog_for,
+    configure_options,
+)
 from fanin.transforms.read import expand_inputs
 
 __all__ = [
@@ -332,40 +338,40 @@ def dry_run(config: RunConfig, beam_args: Sequence[str], out_path: str) -> DryRu
     else:
         skipped.append(f"{standard.runner}: no job request exists before the run")
 
-    p = beam.Pipeline(options=options)
-    shown_options = p.options.get_all_options(drop_default=True)  # as given, --update included
-    try:
-        build(p, config, catalog)
-    except RuntimeError as exc:  # Beam pickles each fn when a ParDo is made
-        if "pickle" not in str(exc):
-            raise
-        raise DryRunError(str(exc).splitlines()[0]) from None
-    checks = _Checks()
-    p.visit(checks)
-    problems = checks.unpicklable + checks.problems
-    names: list[str] = []
-    pipeline_json = job = None
-    if not checks.unpicklable:  # else the graph cannot be serialized at all
-        proto = p.to_runner_api()
-        names = stable_names(proto)
-        mapping = options.view_as(GoogleCloudOptions).transform_name_mapping or {}
-        every_name = {t.unique_name for t in proto.components.transforms.values()}
-        problems += [f"--transform_name_mapping maps {old!r} to {new!r}, which is not a "
-                     "transform of the new graph"
-                     for old, new in mapping.items() if new not in every_name]
-        if on_dataflow:
-            cloud = p.options.view_as(GoogleCloudOptions)  # the Pipeline copied the options
-            if cloud.update:  # apiclient.Job() would look the running job up (Dataflow API)
-                skipped.append("--update: finding the running job's id needs the Dataflow "
-                               "API; the job request is shown without replaceJobId and "
-                               "transformNameMapping")
-                cloud.update, cloud.transform_name_mapping = False, None
-            # Beam's --dry_run: returns before any API client exists, a result carrying the
-            # job request as an attribute it sets
-            result: Any = p.run()
-            job = result.job
-            proto = job.proto_pipeline  # what Dataflow would receive (after its overrides)
-        pipeline_json = json.loads(json_format.MessageToJson(proto))
+    with beam_pipeline(options) as p:
+        shown_options = p.options.get_all_options(drop_default=True)  # as given, --update included
+        try:
+            build(p, config, catalog)
+        except RuntimeError as exc:  # Beam pickles each fn when a ParDo is made
+            if "pickle" not in str(exc):
+                raise
+            raise DryRunError(str(exc).splitlines()[0]) from None
+        checks = _Checks()
+        p.visit(checks)
+        problems = checks.unpicklable + checks.problems
+        names: list[str] = []
+        pipeline_json = job = None
+        if not checks.unpicklable:  # else the graph cannot be serialized at all
+            proto = p.to_runner_api()
+            names = stable_names(proto)
+            mapping = options.view_as(GoogleCloudOptions).transform_name_mapping or {}
+            every_name = {t.unique_name for t in proto.components.transforms.values()}
+            problems += [f"--transform_name_mapping maps {old!r} to {new!r}, which is not a "
+                         "transform of the new graph"
+                         for old, new in mapping.items() if new not in every_name]
+            if on_dataflow:
+                cloud = p.options.view_as(GoogleCloudOptions)  # the Pipeline copied the options
+                if cloud.update:  # apiclient.Job() would look the running job up (Dataflow API)
+                    skipped.append("--update: finding the running job's id needs the Dataflow "
+                                   "API; the job request is shown without replaceJobId and "
+                                   "transformNameMapping")
+                    cloud.update, cloud.transform_name_mapping = False, None
+                # Beam's --dry_run: returns before any API client exists, a result carrying the
+                # job request as an attribute it sets
+                result: Any = p.run()
+                job = result.job
+                proto = job.proto_pipeline  # what Dataflow would receive (after its overrides)
+            pipeline_json = json.loads(json_format.MessageToJson(proto))
     _write_json(out_path, {
         "runner": standard.runner,
         "streaming": bool(standard.streaming),
