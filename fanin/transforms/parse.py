@@ -83,8 +83,12 @@ class ParseFn(_Reading):
         """One message's element: ``(join_id, record)``, or its dead letter tagged
         ``DEAD_LETTER``; counted either way (for another DoFn that reads messages itself:
         ``fanin.transforms.replay``)."""
+        return self.counted(*parse_message(data, source, self._contracts, self._max_bytes))
+
+    def counted(self, record: R.Record | None, dead: dict[str, Any] | None) -> Any:
+        """``parse_message``'s result ``(record, dead letter)`` as ``parsed`` makes it an
+        element, counted (for a result parsed earlier: ``fanin.transforms.replay``)."""
         self._note_read()
-        record, dead = parse_message(data, source, self._contracts, self._max_bytes)
         if record is not None:
             self._bundle_parsed += 1
             return record[R.JOIN_ID], record

@@ -34,16 +34,20 @@ Guarantees:
   inside the stream; no output depends on its expiry (no line comes after it), and the join
   is told ``end_ms`` so that it sets no timer for it (``JoinDoFn``'s ``input_end_ms``).
 - The stream itself carries no line text: each of its elements is a run of consecutive lines
-  of one file ``(path, (index of the first, event times))``, and the ``Parse`` step reads the
-  lines from the file (as a bounded run's read does, in the worker), parses each as
-  ``ParseMessages`` does (``ParseFn``, with the settings of the plan's ``MessageScan``) and
-  emits its element with the line's event time: ``(join_id, record)`` on the main output
-  ``records``, or its dead letter on ``DEAD_LETTER``. Embedding every line in the TestStream
-  made the job's construction cost grow with the input (the stream is pickled and compressed
-  with the pipeline: 3.5 s for 20,811 lines). A file changed between the launch and the read
-  fails the run with a clear error. Reading and parsing are one step because the local
-  streaming runner does not fuse steps: every element a step emits is committed and handed
-  to the next one, which cost ~11 % of a replay of 206,728 lines (docs/performance.md).
+  of one file ``(path, (index of the first, event times))``, and the ``Parse`` step emits
+  each line's element as ``ParseMessages`` does (``ParseFn``, with the settings of the plan's
+  ``MessageScan``) with the line's event time: ``(join_id, record)`` on the main output
+  ``records``, or its dead letter on ``DEAD_LETTER``. A worker in the process that built the
+  job (the local runners', Prism's in its default ``LOOPBACK`` environment) takes the results
+  of the plan's own parse of each line, kept encoded for it; a worker in another process
+  (Flink's) reads the lines from the file (as a bounded run's read does) and parses them.
+  Embedding every line in the TestStream made the job's construction cost grow with the input
+  (the stream is pickled and compressed with the pipeline: 3.5 s for 20,811 lines), and the
+  second parse cost ~5 % of a replay of 206,728 lines (docs/performance.md). A file changed
+  between the launch and a worker's read fails the run with a clear error. Reading and
+  parsing are one step because the local streaming runner does not fuse steps: every element
+  a step emits is committed and handed to the next one, which cost ~11 % of a replay of
+  206,728 lines (docs/performance.md).
 - The stream uses a portable coder (``KV<string, KV<varint, bytes>>``): a Java runner
   (Flink) decodes the TestStream payload itself, so a Python-only (pickled) coder would fail
   there (docs/runners.md).
@@ -55,6 +59,7 @@ import contextlib
 import heapq
 import json
 import uuid
+import weakref
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
@@ -62,7 +67,13 @@ from typing import Any
 import apache_beam as beam
 import orjson
 from apache_beam import pvalue
-from apache_beam.coders import BytesCoder, StrUtf8Coder, TupleCoder, VarIntCoder
+from apache_beam.coders import (
+    BytesCoder,
+    FastPrimitivesCoder,
+    StrUtf8Coder,
+    TupleCoder,
+    VarIntCoder,
+)
 from apache_beam.pvalue import PBegin, TaggedOutput
 from apache_beam.testing.test_stream import TestStream
 from apache_beam.transforms.window import GlobalWindow, TimestampedValue
@@ -126,12 +137,19 @@ class MessageScan:
         self.max_bytes = max_bytes
 
     def __call__(self, line: bytes) -> tuple[int | None, int, str | None, int | None]:
-        record, _ = parse_message(line, ("", 0), self.contracts, self.max_bytes)
+        return self.parse(line, ("", 0))[0]
+
+    def parse(self, line: bytes, source: Source
+              ) -> tuple[tuple[int | None, int, str | None, int | None],
+                         tuple[R.Record | None, dict[str, Any] | None]]:
+        """``(the line's scan, parse_message's result for the line from source)``."""
+        parsed = parse_message(line, source, self.contracts, self.max_bytes)
+        record = parsed[0]
         if record is None:
-            return None, 0, None, None
+            return (None, 0, None, None), parsed
         if record[R.KIND] == R.OPEN:
-            return record[R.TIME], record[R.O_DEADLINE_MS] or 0, record[R.JOIN_ID], None
-        return record[R.TIME], 0, record[R.JOIN_ID], record[R.R_OPENED_AT]
+            return (record[R.TIME], record[R.O_DEADLINE_MS] or 0, record[R.JOIN_ID], None), parsed
+        return (record[R.TIME], 0, record[R.JOIN_ID], record[R.R_OPENED_AT]), parsed
 
 
 def covering_disorder_s(lines: Iterable[tuple[bytes, Source]], scan: Scan) -> float:
@@ -219,6 +237,14 @@ def _open_files_for(count: int) -> None:
 # leaves once its last run is read)
 _READ: dict[str, dict[str, list[tuple[bytes, Source]]]] = {}
 
+# token of a replay planned in this process -> path -> parse_message's result for each of its
+# messages, as the plan parsed them, encoded (``_RESULT``: ~2 us to decode against ~7 us to
+# parse, and about the size of the lines as bytes). A worker in this process (the local
+# runners) takes them from here; a file leaves once its last run is read, and the whole entry
+# when the ``Replay`` is collected. A worker in another process reads and parses the file.
+_PARSED: dict[str, dict[str, list[bytes]]] = {}
+_RESULT = FastPrimitivesCoder().get_impl()
+
 
 def _file_lines(path: str, token: str) -> list[tuple[bytes, Source]]:
     """The messages of ``path`` as read for the replay of job ``token``: read once per worker
@@ -252,21 +278,33 @@ class _ParseRuns(beam.DoFn):
 
     def process(self, run: tuple[str, tuple[int, bytes]]) -> Iterator[Any]:
         path, (first, packed) = run
+        stamps = array("q")
+        stamps.frombytes(packed)
+        for parsed, ms in zip(self._elements(path, first, len(stamps)), stamps, strict=True):
+            stamp = _stamp(ms)
+            if isinstance(parsed, TaggedOutput):
+                yield TaggedOutput(parsed.tag, WindowedValue(parsed.value, stamp, _GLOBAL))
+            else:
+                yield WindowedValue(parsed, stamp, _GLOBAL)
+        if first + len(stamps) == self._counts[path]:  # its last run: a retry reads the file
+            _READ.get(self._token, {}).pop(path, None)
+            _PARSED.get(self._token, {}).pop(path, None)
+
+    def _elements(self, path: str, first: int, count: int) -> Iterator[Any]:
+        """The elements of ``path``'s messages ``first`` to ``first + count - 1``: as the plan
+        parsed them where it did so in this process, else read and parsed now."""
+        planned = _PARSED.get(self._token, {}).get(path)
+        if planned is not None:
+            for index in range(first, first + count):
+                yield self._parse.counted(*_RESULT.decode(planned[index]))
+            return
         lines = _file_lines(path, self._token)
         if len(lines) != self._counts[path]:
             raise RuntimeError(f"--replay: {path} changed while it was replayed "
                                f"({self._counts[path]} messages when the job was built, "
                                f"{len(lines)} now)")
-        stamps = array("q")
-        stamps.frombytes(packed)
-        for offset, ms in enumerate(stamps):
-            parsed, stamp = self._parse.parsed(*lines[first + offset]), _stamp(ms)
-            if isinstance(parsed, TaggedOutput):
-                yield TaggedOutput(parsed.tag, WindowedValue(parsed.value, stamp, _GLOBAL))
-            else:
-                yield WindowedValue(parsed, stamp, _GLOBAL)
-        if first + len(stamps) == len(lines):  # its last run: a retry reads the file again
-            _READ.get(self._token, {}).pop(path, None)
+        for index in range(first, first + count):
+            yield self._parse.parsed(*lines[index])
 
 
 class _Events:
@@ -321,7 +359,7 @@ class Replay(beam.PTransform[PBegin, pvalue.DoOutputsTuple]):
     guarantees).
 
     ``lines``: ``(line, (path, number))`` in arrival order, as ``numbered_lines`` yields them
-    (the lines are read again from ``path`` in the worker); ``horizon_ms``: deadline room for
+    (a worker in another process reads them again from ``path``); ``horizon_ms``: deadline room for
     the final advance (with retention as well, tombstones expire inside the stream);
     ``retention_floor_ms``: the least ``retention_s``
     any join can have, in ms (0 is always safe: the watermark then moves before every line of
@@ -351,22 +389,28 @@ class Replay(beam.PTransform[PBegin, pvalue.DoOutputsTuple]):
         round of bundles through every step, longer the more joins it holds; lines that lag
         more than ``max_disorder_s`` make an event each, nearly)."""
         self._scan = scan
+        parsed: dict[str, list[bytes]] = {}
         self._stream, self.end_ms = self._plan(lines, _lag_ms(max_disorder_s), horizon_ms,
-                                               retention_floor_ms, batch, scan)
+                                               retention_floor_ms, batch, scan, parsed)
         """The last watermark before the jump to +infinity that ends the stream."""
+        _PARSED[self._token] = parsed
+        weakref.finalize(self, _PARSED.pop, self._token, None)
 
     def _plan(self, lines: Iterable[tuple[bytes, Source]], lag: int, horizon_ms: int,
-              retention_floor_ms: int, batch: int, scan: Scan) -> tuple[TestStream, int]:
+              retention_floor_ms: int, batch: int, scan: MessageScan,
+              parsed: dict[str, list[bytes]]) -> tuple[TestStream, int]:
         out = _Events(batch)
         counts = self._counts
         max_seen: int | None = None
         latest = 0  # the largest event time or opened_at: no deadline is earlier than it
         longest = 0
         earliest: dict[str, int] = {}  # join id -> earliest time among its lines delivered
-        for line, (path, _) in lines:
+        for line, source in lines:
+            path = source[0]
             index = counts.get(path, 0)
             counts[path] = index + 1
-            t, deadline_ms, join_id, carried = scan(line)
+            (t, deadline_ms, join_id, carried), result = scan.parse(line, source)
+            parsed.setdefault(path, []).append(_RESULT.encode(result))
             longest = max(longest, deadline_ms)
             if t is not None and (max_seen is None or t > max_seen):
                 max_seen = t

@@ -1,9 +1,11 @@
 """The replay's watermark plan (fanin.transforms.replay): the watermark moves before a line
-only where a timer of that line's join may change what the line does; the lines are read from
-the file in the worker; outputs of a replay follow docs/spec.md §4 (behaviour under the plan)."""
+only where a timer of that line's join may change what the line does; the worker takes the
+plan's parse of each line, or reads and parses the file in another process; outputs of a
+replay follow docs/spec.md §4 (behaviour under the plan)."""
 
 from __future__ import annotations
 
+import gc
 import json
 import re
 import resource
@@ -24,6 +26,7 @@ from fanin.contracts.parsing import DEFAULT_MAX_BYTES
 from fanin.contracts.timefmt import format_ms, parse_rfc3339
 from fanin.core.outcomes import CLOSES, DEAD_LETTER, LATE
 from fanin.pipelines.pipeline import RunConfig, run_pipeline
+from fanin.transforms import replay as replay_module
 from fanin.transforms.join_streaming import JoinDoFn
 from fanin.transforms.parse import ParseMessages
 from fanin.transforms.read import numbered_lines
@@ -195,13 +198,38 @@ def test_a_replay_twice_writes_the_same_files(tmp_path: Path) -> None:
         for shard in (0, 1)]
 
 
-def test_a_file_changed_while_replayed_fails_the_run(tmp_path: Path) -> None:
+def test_a_file_changed_after_the_plan_is_replayed_as_planned_in_this_process(
+        tmp_path: Path) -> None:
+    """The local runners' worker takes the lines as the plan parsed them when the job was
+    built: a file changed since changes nothing."""
+    path = write_lines(tmp_path / "in.jsonl", [_open("a", 0), _receipt("a", 1)])
+    replay = Replay(numbered_lines(str(path)), 0.0, DAY_MS, SCAN)
+    write_lines(path, [_open("a", 0)])
+    _SEEN.clear()
+    with beam.Pipeline(options=PipelineOptions(["--runner=BundleBasedDirectRunner",
+                                                "--streaming"])) as p:
+        _ = (p | replay).records | "Records" >> beam.Map(_seen, "records")
+    assert sorted(keyed[1][R.SOURCE][1] for _, keyed, _ in _SEEN) == [1, 2]
+
+
+def test_a_worker_that_reads_a_file_changed_since_the_plan_fails_the_run(
+        tmp_path: Path, worker_elsewhere: None) -> None:
     path = write_lines(tmp_path / "in.jsonl", [_open("a", 0), _receipt("a", 1)])
     replay = Replay(numbered_lines(str(path)), 0.0, DAY_MS, SCAN)
     write_lines(path, [_open("a", 0)])
     with pytest.raises(Exception, match="changed while it was replayed"), beam.Pipeline(
             options=PipelineOptions(["--runner=BundleBasedDirectRunner", "--streaming"])) as p:
         _ = p | replay
+
+
+def test_the_plans_parse_lives_as_long_as_the_replay(tmp_path: Path) -> None:
+    path = write_lines(tmp_path / "in.jsonl", [_open("a", 0), _receipt("a", 1)])
+    replay = Replay(numbered_lines(str(path)), 0.0, DAY_MS, SCAN)
+    token = replay._token
+    assert [len(parsed) for parsed in replay_module._PARSED[token].values()] == [2]
+    del replay
+    gc.collect()
+    assert token not in replay_module._PARSED
 
 
 _SEEN: list[tuple[str, Any, int]] = []  # (output, element, timestamp in ms) seen by _seen
@@ -211,10 +239,26 @@ def _seen(element: Any, output: str, stamp: Any = beam.DoFn.TimestampParam) -> N
     _SEEN.append((output, element, stamp.micros // 1000))
 
 
-def test_the_replay_parses_each_line_with_its_event_time(tmp_path: Path) -> None:
+@pytest.fixture
+def worker_elsewhere(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The replay's worker as one in another process (Prism's, Flink's) sees it: without the
+    plan's parse, which stays in the process that built the job."""
+    class _Elsewhere(dict[str, Any]):
+        def __setitem__(self, key: str, value: Any) -> None:
+            pass
+
+    monkeypatch.setattr(replay_module, "_PARSED", _Elsewhere())
+
+
+@pytest.mark.parametrize("worker", ["in this process", "in another process"])
+def test_the_replay_parses_each_line_with_its_event_time(
+        tmp_path: Path, worker: str, request: pytest.FixtureRequest) -> None:
     """The stream's lines leave parsed, as ``ParseMessages`` leaves them: records keyed by
     join_id on ``records``, dead letters (with their source) on ``DEAD_LETTER``, each with
-    the line's event time (a dead letter's: the stream's watermark where it arrives)."""
+    the line's event time (a dead letter's: the stream's watermark where it arrives); the
+    same from the plan's parse and from a worker that reads and parses the file."""
+    if worker == "in another process":
+        request.getfixturevalue("worker_elsewhere")
     lines = [_open("a", 0), "not json", _receipt("a", 2), _receipt("b", 3, "z"),
              json.dumps({"join_id": "c", "branch": "x", "status": "ok", "event_time": _at(4),
                          "contract": "nope"})]
