@@ -5,8 +5,8 @@ Guarantees:
   (``{join_id, reason, close_reason, message}``, ``message`` being the original object).
 - ``rejected_outputs`` yields one dead-letter object per record (``undefined_join``).
 - ``log_close`` writes one structured event per close on the ``fanin.close`` logger (run id,
-  join id, required branches, accepted count, close reason, conflict count) and never any
-  receipt value.
+  join id, required branches, the number of declared branches whose current receipt is
+  ``ok``, close reason, conflict count) and never any receipt value.
 """
 
 from __future__ import annotations
@@ -53,7 +53,8 @@ def log_close(close: dict[str, Any]) -> None:
     if _CLOSE_LOG.isEnabledFor(logging.INFO):
         _CLOSE_LOG.info(json.dumps({
             "event": "join_closed", "run_id": close["run_id"], "join_id": close["join_id"],
-            "required": close["required"], "accepted": len(close["branches"]),
+            "required": close["required"],
+            "accepted": sum(view["status"] == "ok" for view in close["branches"].values()),
             "reason": close["reason"], "conflicts": len(close["conflicts"]),
         }))
 
