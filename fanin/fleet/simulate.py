@@ -372,7 +372,8 @@ class _Generator:
         for category in MALFORMED:
             if rng.random() < getattr(rates, category):
                 arrival = join.opened_ms + rng.randint(0, join.span_ms)
-                self._push(arrival, category, self._malformed(join, category), join, _BAD, 0)
+                self._push(arrival, category, self._malformed(join, category, arrival), join,
+                           _BAD, 0)
 
     def _branch(self, join: _Join, branch: str, stolen_key: str | None) -> None:
         """All receipts of one reporting branch: failed attempts, the final one, a change."""
@@ -412,10 +413,12 @@ class _Generator:
             self._send(join, self._receipt(join, branch, "ok", later, attempt=attempt, key=key,
                                            value=changed), "changed_duplicate", later)
 
-    def _malformed(self, join: _Join, category: str) -> str:
+    def _malformed(self, join: _Join, category: str, arrival: int) -> str:
+        """A malformed line of ``category``; the event time it names is no later than its
+        ``arrival`` (a line written at its arrival under ``--rate`` names no future time)."""
         rng = self.rng
         branch = rng.choice(join.required)
-        event = join.opened_ms + rng.randint(0, join.span_ms)
+        event = min(join.opened_ms + rng.randint(0, join.span_ms), arrival)
         msg = self._receipt(join, branch, "ok", event, value={"n": 0})
         if category == "invalid_json":
             line = encode_message(msg)

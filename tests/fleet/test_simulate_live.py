@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import subprocess
 import sys
 import time
@@ -35,6 +36,9 @@ def times(line: str) -> dict[str, int] | None:
         with contextlib.suppress(KeyError, TypeError, ValueError):
             found[name] = parse_rfc3339(obj[name])
     return found
+
+
+_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z")
 
 
 def event_ms(line: str) -> int | None:
@@ -114,6 +118,9 @@ def test_paced_writing_follows_the_clock() -> None:
         assert written_s * 1000 - arrival_ms < 1  # ...nor late
         if item.category in ("open", "receipt", "retry", "skipped"):
             assert event_ms(line) <= written_s * 1000  # no event from the future
+        # nor a time named anywhere in a line, malformed ones included
+        assert all(parse_rfc3339(t) <= written_s * 1000 for t in _TIME.findall(line)), line
+    assert {item.category for _, item in expected} >= {"invalid_json", "missing_field"}
 
 
 def test_a_live_stream_reaches_pubsub_in_real_time(pubsub_emulator: PubSubEmulator) -> None:
