@@ -56,10 +56,8 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import csv
 import datetime as dt
 import decimal
-import io
 import itertools
 import json
 import math
@@ -412,11 +410,8 @@ def _rendered(names: Sequence[str], types: Sequence[str], rows: Sequence[tuple[A
         ]
         return exact.dumps(objs, ensure_ascii=False, indent=2) + "\n"
     if fmt == "csv":
-        buf = io.StringIO()
-        writer = csv.writer(buf, lineterminator="\n")
-        writer.writerow(names)
-        writer.writerows([_cell(v, "") for v in row] for row in rows)
-        return buf.getvalue()
+        return "".join(_csv_line(cells) for cells in
+                       [names, *([_cell(v, "") for v in row] for row in rows)])
     if fmt == "table":
         cells = [[visible(n) for n in names]] + \
             [[visible(_cell(v, "NULL")) for v in row] for row in rows]
@@ -490,6 +485,20 @@ def _interruptible(con: duckdb.DuckDBPyConnection, sql: str
     if "error" in result:
         raise result["error"]
     return result["value"]  # type: ignore[no-any-return]
+
+
+_CSV_QUOTED = re.compile(r'[,"\r\n]')
+
+
+def _csv_line(cells: Sequence[str]) -> str:
+    """One CSV record (RFC 4180) ending in ``\n``: a cell holding a comma, a double quote, a
+    carriage return or a line feed is quoted, its quotes doubled (Python's ``csv`` quotes a
+    carriage return only when the line terminator holds one: a lone ``\r`` in a value split
+    its row for every reader); a record of one empty cell is ``""`` (not an empty line)."""
+    if len(cells) == 1 and not cells[0]:
+        return '""\n'
+    return ",".join('"' + c.replace('"', '""') + '"' if _CSV_QUOTED.search(c) else c
+                    for c in cells) + "\n"
 
 
 def run_query(
