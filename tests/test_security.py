@@ -81,6 +81,21 @@ def test_contracts_file_of_nested_aliases_is_refused_in_one_line(where: str) -> 
     assert parse_contracts(_alias_bomb(2, "enum"))["x"].schemas  # a few aliases are fine
 
 
+def test_a_bomb_padded_with_values_written_out_is_refused_too() -> None:
+    """The values a file writes out were counted up to the limit only: 10,000 of them beside
+    the bomb made it pass (and hang the run in the schema's checks)."""
+    padding = "      pad:\n        examples: [" + ", ".join(["0"] * 10_000) + "]\n"
+    bomb = _alias_bomb(7, "enum").replace("    schemas:\n", "    schemas:\n" + padding)
+    with pytest.raises(ContractsError) as refused:
+        parse_contracts(bomb, "bomb.yaml")
+    found = re.fullmatch(r"bomb\.yaml: its YAML aliases expand it to more than ([\d,]+) "
+                         r"values \(an alias repeats what it names\)", str(refused.value))
+    assert found and 100_000 < int(found.group(1).replace(",", "")) < 101_000  # 10x written
+    padded = parse_contracts(_alias_bomb(4, "enum").replace(  # 10**4 values, as many written
+        "    schemas:\n", "    schemas:\n" + padding))
+    assert len(padded["x"].schemas["a"]["enum"]) == 10
+
+
 @pytest.mark.parametrize("limit", [4300, 0, 100_000])  # Python's default; lifted; raised
 def test_an_integer_beyond_4300_digits_in_a_contracts_file_is_named_as_such(limit: int) -> None:
     """The limit is docs/spec.md's, whatever this process's own (``PYTHONINTMAXSTRDIGITS=0``

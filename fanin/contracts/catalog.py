@@ -261,6 +261,22 @@ def _construct_int(loader: _JSONLoader, node: yaml.ScalarNode) -> int:
 
 _JSONLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _construct_str(loader: _JSONLoader, node: yaml.ScalarNode) -> str:
+    """A string, its escaped UTF-16 surrogate pairs (``"\\ud83d\\ude42"``, as JSON writes a
+    character beyond the BMP) read as the one character they spell, as a JSON reader does
+    (YAML's reader made them two lone surrogates); a lone surrogate stays, and is refused
+    after the load (``_not_json``)."""
+    text: str = loader.construct_scalar(node)
+    if _SURROGATE.search(text) is None:
+        return text
+    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "surrogatepass")
+
+
+_JSONLoader.add_constructor("tag:yaml.org,2002:str", _construct_str)
+
 
 def _construct_mapping(loader: _JSONLoader, node: yaml.MappingNode) -> Any:
     seen: set[Any] = set()
@@ -283,25 +299,33 @@ _JSONLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _con
 def _not_json(value: Any, path: str, seen: set[int]) -> str | None:
     """Where ``value`` holds something JSON cannot (None if nothing): ``path: what``. A
     container YAML shares by alias is looked at once (``seen``: ids of those looked at)."""
-    if isinstance(value, (dict, list)):
-        if id(value) in seen:
-            return None
-        seen.add(id(value))
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if not isinstance(key, str):
-                return f"{path or '(top)'}: key {key!r} is not a string"
-            found = _not_json(item, f"{path}.{key}" if path else key, seen)
-            if found:
-                return found
-    elif isinstance(value, list):
-        for i, item in enumerate(value):
-            found = _not_json(item, f"{path}[{i}]", seen)
-            if found:
-                return found
-    elif isinstance(value, float) and not math.isfinite(value):
+    if not isinstance(value, (dict, list)):
+        return _not_json_scalar(value, path)
+    if id(value) in seen:
+        return None
+    seen.add(id(value))
+    if isinstance(value, list):
+        items = ((f"{path}[{i}]", item) for i, item in enumerate(value))
+    else:
+        for key in value:
+            if not isinstance(key, str) or _SURROGATE.search(key):
+                what = "is not a string" if not isinstance(key, str) else \
+                    "holds a lone surrogate, not text"
+                return f"{path or '(top)'}: key {key!r} {what}"
+        items = ((f"{path}.{key}" if path else key, item) for key, item in value.items())
+    for where, item in items:
+        found = _not_json(item, where, seen)
+        if found:
+            return found
+    return None
+
+
+def _not_json_scalar(value: Any, path: str) -> str | None:
+    if isinstance(value, float) and not math.isfinite(value):
         return f"{path}: {value!r} is not a JSON number"
-    elif value is not None and not isinstance(value, (str, int, float, bool)):
+    if isinstance(value, str) and _SURROGATE.search(value):
+        return f"{path}: {value!r} holds a lone surrogate, not text"
+    if value is not None and not isinstance(value, (str, int, float, bool)):
         return f"{path}: a {type(value).__name__} is not a JSON value"
     return None
 
@@ -329,23 +353,26 @@ def _load_document(text: str, origin: str) -> Any:
         raise ContractsError(f"{origin}: not valid YAML: {reason}") from None
     if problem:
         raise ContractsError(f"{origin}: not JSON: {problem}")
-    expanded = _size(document, _MAX_EXPANDED, shared=True)
-    if expanded > _MAX_EXPANDED and _size(document, _MAX_EXPANDED, shared=False) * 10 < expanded:
+    most = max(_MAX_EXPANDED, 10 * _size(document, None, shared=False))
+    if _size(document, most, shared=True) > most:
         raise ContractsError(f"{origin}: its YAML aliases expand it to more than "
-                             f"{_MAX_EXPANDED:,} values (an alias repeats what it names)")
+                             f"{most:,} values (an alias repeats what it names)")
     return document
 
 
-# A contracts file whose aliases make it this many values, and ten times the values it writes
-# out, is refused: a file of 600 bytes with nested aliases expanded to 10**6 values and more
+# A contracts file whose aliases make it more than this many values, and more than ten times
+# the values it writes out, is refused: a file of 600 bytes with nested aliases expanded to
+# 10**6 values and more (the values written are counted whole: a file padded with 10,000 of
+# them passed a count that stopped at this limit, and hung the run)
 _MAX_EXPANDED = 100_000
 
 
-def _size(value: Any, limit: int, shared: bool) -> int:
-    """How many values (containers and scalars) ``value`` holds, counted up to ``limit`` + 1;
-    with ``shared``, a container YAML shares by alias counts each time it appears."""
+def _size(value: Any, limit: int | None, shared: bool) -> int:
+    """How many values (containers and scalars) ``value`` holds, counted up to ``limit`` + 1
+    (all of them with ``None``); with ``shared``, a container YAML shares by alias counts each
+    time it appears."""
     count, stack, seen = 0, [value], set()
-    while stack and count <= limit:
+    while stack and (limit is None or count <= limit):
         item = stack.pop()
         count += 1
         if isinstance(item, (dict, list)) and (shared or id(item) not in seen):

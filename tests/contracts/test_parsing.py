@@ -182,6 +182,13 @@ def test_contracts_file_errors_name_file_contract_and_field(tmp_path: object) ->
         # nesting beyond what can be read
         "contracts:\n  - name: a\n    schemas: {k: {const: " + "[" * 3000 + "]" * 3000 + "}}\n":
             "nested too deeply",
+        # a lone surrogate is no text (docs/spec.md §1): it failed the run's close later
+        '{"contracts": [{"name": "a", "required": ["b\\ud800"]}]}':
+            "not JSON: contracts[0].required[0]: 'b\\ud800' holds a lone surrogate, not text",
+        '{"contracts": [{"name": "a", "schemas": {"k\\udfff": {}}}]}':
+            "not JSON: contracts[0].schemas: key 'k\\udfff' holds a lone surrogate, not text",
+        '{"contracts": [{"name": "a", "required": ["\\ude42\\ud83d"]}]}':  # pair reversed
+            "holds a lone surrogate, not text",
     }
     for text, expected in cases.items():
         with pytest.raises(ContractsError) as info:
@@ -189,6 +196,20 @@ def test_contracts_file_errors_name_file_contract_and_field(tmp_path: object) ->
         assert str(info.value).startswith("c.yaml: ") and expected in str(info.value)
     with pytest.raises(ContractsError, match="cannot read"):
         load_contracts(str(tmp_path) + "/missing.yaml")
+
+
+def test_an_escaped_surrogate_pair_reads_as_its_character_as_json_reads_it() -> None:
+    """``json.dump`` writes a character beyond the BMP as a pair of escapes; YAML's reader made
+    them two lone surrogates (a contract name refused, a branch name that failed the run, an
+    ``enum`` no value could match)."""
+    smile = "\U0001f642"
+    as_json = json.dumps({"contracts": [{"name": smile, "required": [smile, "x"],
+                                         "schemas": {smile: {"enum": [smile]}}}]})
+    assert "\\ud83d\\ude42" in as_json
+    found = parse_contracts(as_json, origin="c.json")[smile]
+    assert (found.required, found.schemas) == ([smile, "x"], {smile: {"enum": [smile]}})
+    assert parse_contracts('contracts:\n  - name: "\\ud83d\\ude42"\n') == \
+        parse_contracts(f"contracts:\n  - name: {smile}\n")
 
 
 def test_scalars_are_yaml_1_2s_as_in_json() -> None:
