@@ -47,7 +47,8 @@ __all__ = ["check_schema", "first_error", "validator_for"]
 
 _BASE = jsonschema.Draft202012Validator
 _REF_KEYS = ("$ref", "$dynamicRef")
-_DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples"})  # values, not schemas
+_DATA_NAMES = ("const", "default", "enum", "examples")
+_DATA_KEYWORDS = frozenset(_DATA_NAMES)  # values, not schemas
 # maps from names (of properties, patterns, definitions) to subschemas
 _NAMED_SCHEMAS = frozenset({"properties", "patternProperties", "$defs", "definitions",
                             "dependentSchemas"})
@@ -181,12 +182,17 @@ def check_schema(schema: Any) -> None:
         raise ValueError(f"not a valid JSON Schema: {message}") from None
     registry, base = _registry(schema)
     resolver = registry.resolver(base)
+    schemas = {id(node) for node in _schema_objects(schema)}
+    values = set(_value_containers(schema, False)) - schemas
     for ref in _refs(schema, base):
         try:
-            resolver.lookup(ref)
+            target = resolver.lookup(ref).contents
         except Unresolvable:
             raise ValueError(f"$ref {ref!r} does not resolve within the schema (remote "
                              "references are not fetched)") from None
+        if not isinstance(target, (dict, bool)) or id(target) in values:
+            raise ValueError(f"$ref {ref!r} points into a value ({', '.join(_DATA_NAMES)}) or "
+                             "at what is not a schema")
     _check_regexes(schema)
     validator = validator_for(schema)
     for probe in _PROBES:  # a $ref cycle that consumes nothing of the value never ends
@@ -233,6 +239,24 @@ def _schema_objects(node: Any) -> Iterator[dict[str, Any]]:
     elif isinstance(node, list):
         for item in node:
             yield from _schema_objects(item)
+
+
+def _value_containers(node: Any, inside: bool) -> Iterator[int]:
+    """The ids of the objects and arrays under the data keywords of ``node`` (``inside``:
+    ``node`` is one): values, which no ``$ref`` may take for a schema (their own ``$ref``s
+    are never checked)."""
+    if isinstance(node, (dict, list)) and inside:
+        yield id(node)
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if not inside and key in _NAMED_SCHEMAS and isinstance(value, dict):
+                for subschema in value.values():
+                    yield from _value_containers(subschema, False)
+            else:
+                yield from _value_containers(value, inside or key in _DATA_KEYWORDS)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _value_containers(item, inside)
 
 
 _PROBES: tuple[Any, ...] = (None, True, 0, 0.5, "", [], {})

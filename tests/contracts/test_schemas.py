@@ -112,3 +112,30 @@ def test_classes_and_anchors_are_ecma_262s() -> None:
     assert first_error(digits, "\u0663") is not None  # ARABIC-INDIC DIGIT THREE: not \d
     end = validator_for({"pattern": "^a$"})
     assert first_error(end, "a\n") is not None  # $ is the end, not before a final newline
+
+
+@pytest.mark.parametrize("schema", [
+    # at load, the value's own $ref was followed: a traceback naming the remote address
+    {"examples": [{"$ref": "http://127.0.0.1:9/q"}], "$ref": "#/examples/0"},
+    # at run time, a receipt's value made its whole join internal_error dead letters
+    {"properties": {"p": {"$ref": "#/examples/0"}}, "examples": [{"$ref": "#/nope"}]},
+    {"properties": {"p": {"$ref": "#/enum/0"}}, "enum": [{"type": "string"}]},
+    {"properties": {"p": {"$ref": "#/required"}}, "required": ["p"]},  # a list, no schema
+])
+def test_a_ref_into_a_value_is_refused_when_the_schema_loads(schema: dict[str, Any]) -> None:
+    with pytest.raises(ValueError, match=r"points into a value \(const, default, enum, "
+                                         r"examples\) or at what is not a schema"):
+        check_schema(schema)
+
+
+@pytest.mark.parametrize("schema, value", [
+    ({"properties": {"examples": {"type": "integer"}}, "$ref": "#/properties/examples"}, 1),
+    ({"$defs": {"x": {"type": "integer"}}, "$ref": "#/$defs/x"}, 1),
+    ({"$defs": {"yes": True}, "properties": {"p": {"$ref": "#/$defs/yes"}}}, {"p": 1}),
+])
+def test_a_ref_to_a_schema_named_like_a_value_keyword_still_loads(schema: dict[str, Any],
+                                                                   value: Any) -> None:
+    check_schema(schema)
+    assert first_error(validator_for(schema), value) is None
+    assert first_error(validator_for(schema), "x") == (None if value != 1 else
+                                                       "'x' is not of type 'integer'")
