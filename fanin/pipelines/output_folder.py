@@ -17,7 +17,7 @@ from fanin.io.output_lock import OutputLock, check_not_busy
 from fanin.pipelines.config import ConfigError, RunConfig
 from fanin.transforms.read import expand_inputs
 
-__all__ = ["check_output_early", "files_in", "locked_output"]
+__all__ = ["absent_folders", "check_output_early", "files_in", "locked_output", "remove_empty"]
 
 
 def _prepare_output(output: str, overwrite: bool, kept: Sequence[tuple[str, str]] = (),
@@ -120,6 +120,21 @@ def check_output_early(config: RunConfig) -> None:
 def _output_folders(output: str) -> list[str]:
     """The three output folders of ``output``."""
     return [os.path.join(output, kind) for kind in (CLOSES, LATE, DEAD_LETTER)]
+
+
+def absent_folders(output: str) -> tuple[str, ...]:
+    """The output folders of ``output`` that do not exist (yet)."""
+    return tuple(folder for folder in _output_folders(output) if not os.path.isdir(folder))
+
+
+def remove_empty(folders: Sequence[str]) -> None:
+    """Remove each of ``folders`` that exists and is empty (a run that wrote nothing leaves
+    no empty output folders, which readers would take for a finished run's)."""
+    for folder in folders:
+        try:
+            os.rmdir(folder)
+        except OSError:  # gone already, or holding something
+            continue
 
 
 def _writable(folder: str) -> bool:

@@ -34,7 +34,13 @@ from fanin.io.pubsub_drain import Drain, drain_on_signals
 from fanin.pipelines.collector import collector_for_run
 from fanin.pipelines.config import ConfigError, RunConfig
 from fanin.pipelines.dataflow_checks import check_bigquery_options, check_dataflow
-from fanin.pipelines.output_folder import check_output_early, files_in, locked_output
+from fanin.pipelines.output_folder import (
+    absent_folders,
+    check_output_early,
+    files_in,
+    locked_output,
+    remove_empty,
+)
 from fanin.pipelines.runner_choice import (
     check_local_workers,
     check_runner_class,
@@ -262,6 +268,7 @@ def run_pipeline(config: RunConfig, beam_args: Sequence[str],
     with beam_pipeline(options, runner_instance) as p:
         drain = Drain() if config.reads_pubsub else None
         build(p, config, catalog, drain)  # a missing input is reported here, before any write
+        absent = absent_folders(config.output) if "://" not in config.output else ()
         lock = locked_output(config) if "://" not in config.output else None
         before = files_in(config.output) if lock is not None else frozenset()
         result: beam.runners.runner.PipelineResult | None = None
@@ -283,7 +290,7 @@ def run_pipeline(config: RunConfig, beam_args: Sequence[str],
                 with drain_on_signals(drain, _LOG) if drain else contextlib.nullcontext():
                     result.wait_until_finish()
         except BaseException as exc:
-            _stopped(exc, result, lock, before, config.output)
+            _stopped(exc, result, lock, before, config.output, absent)
             raise
         if lock is not None:
             lock.finish()
@@ -299,17 +306,20 @@ def run_pipeline(config: RunConfig, beam_args: Sequence[str],
 
 
 def _stopped(exc: BaseException, result: beam.runners.runner.PipelineResult | None,
-             lock: OutputLock | None, before: frozenset[str], output: str) -> None:
+             lock: OutputLock | None, before: frozenset[str], output: str,
+             absent: Sequence[str]) -> None:
     """A run that stopped before its end: a job it started on a job service is cancelled on
     Ctrl-C (it would run on, writing into a folder no longer locked); the output folder keeps
     its mark if the run changed it (``OutputLock``), or if a second signal aborted its drain
     (``SystemExit``: the joins it held are in no file, though their messages were read and
-    acknowledged, and an output topic may have some of their closes)."""
+    acknowledged, and an output topic may have some of their closes); else the mark goes and
+    so do the output folders it made (``absent``) if they are empty: the folder is as it was."""
     if result is not None and isinstance(exc, KeyboardInterrupt):
         with contextlib.suppress(Exception):  # the local runner's job has stopped already
             result.cancel()
     if lock is not None and (lock.changed or isinstance(exc, SystemExit)
                              or files_in(output) != before):
         lock.release()  # the outputs are partial: the folder keeps its mark
-    elif lock is not None:
-        lock.abandon()  # refused before it changed anything (at submission)
+    elif lock is not None:  # refused, or failed, before it changed anything
+        lock.abandon()
+        remove_empty(absent)  # the output folders it made: the folder is as it was

@@ -98,6 +98,26 @@ def test_ctrl_c_before_the_run_wrote_anything_says_so(
     assert capsys.readouterr().err.strip().splitlines()[-1] == \
         "fanin: interrupted before it wrote anything"
     assert not (out / ".fanin-run").exists()
+    assert sorted(p.name for p in out.iterdir()) == []  # as it was: no output folders
+
+
+def test_a_job_that_fails_before_it_wrote_anything_leaves_no_empty_outputs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """It left empty closes/, late/ and dead_letter/ folders without the mark: ``fanin query``
+    then counted 0 closes, as of a finished run with no joins."""
+    import apache_beam as beam
+
+    def fails(*_: Any) -> Any:
+        raise ValueError("the job failed")
+
+    monkeypatch.setattr(beam.Pipeline, "run", fails)
+    out = tmp_path / "out"
+    assert main(_run(out)) == 2
+    assert sorted(p.name for p in out.iterdir()) == []
+    capsys.readouterr()
+    assert main(["query", str(out), "select count(*) from closes"]) == 2
+    assert "is not an output folder" in capsys.readouterr().err
 
 
 def test_ctrl_c_while_it_starts_is_one_line(
@@ -254,9 +274,12 @@ def test_a_write_the_disk_refuses_is_one_line_and_exit_1(
     assert "No space left on device" in err[-1]
     assert [r.getMessage()[:80] for r in caplog.records
             if r.name.startswith("apache_beam") and r.levelno >= logging.WARNING] == []
-    assert main(["report", str(out)]) == 0
-    warned = "stopped before its end" in capsys.readouterr().err
-    assert warned is (where == "finalize")  # the spill failed before any file was written
+    if where == "finalize":
+        assert main(["report", str(out)]) == 0
+        assert "stopped before its end" in capsys.readouterr().err
+    else:  # the spill failed before any file was written: the folder is as it was
+        assert main(["report", str(out)]) == 2
+        assert "is not an output folder" in capsys.readouterr().err
 
 
 def test_overwrite_empties_a_linked_output_folder_and_keeps_the_link(
@@ -288,7 +311,7 @@ def test_a_drain_aborted_by_a_second_signal_keeps_the_mark(
 
     out = str(tmp_path / "out")
     lock = OutputLock.acquire(out, continues=True)
-    _stopped(stop, None, lock, files_in(out), out)
+    _stopped(stop, None, lock, files_in(out), out, ())
     assert (folder_state(out) == UNFINISHED) is marked
 
 
