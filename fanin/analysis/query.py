@@ -46,8 +46,9 @@ Nested JSON-text fields (``branches[].value``, ``conflicts[].value`` and ``.extr
 ``run_query`` renders ``table`` (aligned text; control characters, such as a terminal's escape
 sequences or a newline in a value, shown escaped: ``\\x1b``, ``\\n``), ``csv`` (RFC 4180,
 header row, NULL as empty) or ``json`` (an array of objects; JSON columns embedded as JSON,
-times as RFC 3339 UTC text; ``NaN`` and infinite numbers, which JSON cannot hold, as ``null``,
-also inside JSON columns). Decimals keep their exact digits in every format.
+times as RFC 3339 UTC text, in every format, to the millisecond, or the microsecond where a
+computed time has more digits; ``NaN`` and infinite numbers, which JSON cannot hold, as
+``null``, also inside JSON columns). Decimals keep their exact digits in every format.
 ``run_query(..., out=FILE)`` writes the rendered CSV/JSON/table with Python (atomically, to
 exactly that path); DuckDB never writes a file.
 """
@@ -342,7 +343,8 @@ class _Exact:
 
 
 def _to_json(value: Any, exact: _Exact, json_text: bool = False) -> Any:
-    """A JSON-native rendering of a DuckDB result value (times as RFC 3339 UTC; NaN and
+    """A JSON-native rendering of a DuckDB result value (times as RFC 3339 UTC, to the
+    millisecond, or to the microsecond where a computed time has more digits; NaN and
     infinities, also inside JSON text, as null; decimals by ``exact``)."""
     if json_text and isinstance(value, str):
         return json.loads(value, parse_constant=lambda _: None, parse_float=_finite)
@@ -351,7 +353,9 @@ def _to_json(value: Any, exact: _Exact, json_text: bool = False) -> Any:
     if isinstance(value, dt.datetime):
         if value.tzinfo is None:
             value = value.replace(tzinfo=dt.timezone.utc)
-        return format_ms((value - _EPOCH) // dt.timedelta(milliseconds=1))
+        text = format_ms((value - _EPOCH) // dt.timedelta(milliseconds=1))
+        micros = value.microsecond % 1000  # a computed time's (the outputs' are whole ms)
+        return f"{text[:-1]}{micros:03d}Z" if micros else text
     if isinstance(value, (dt.date, dt.time, dt.timedelta, uuid.UUID)):
         return str(value)
     if isinstance(value, decimal.Decimal):

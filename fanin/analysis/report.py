@@ -27,7 +27,7 @@ import duckdb
 from fanin.analysis import svg
 from fanin.analysis.interrupts import interrupts_held
 from fanin.analysis.query import open_outputs, visible
-from fanin.contracts.timefmt import format_ms
+from fanin.contracts.timefmt import MIN_MS, format_ms
 from fanin.io.files import atomic_write
 
 __all__ = ["MAX_BUCKETS", "TOP_N", "Chart", "Report", "build_report", "report_html",
@@ -40,6 +40,7 @@ _BUCKETS = (
     ("1 second", 1), ("10 seconds", 10), ("1 minute", 60), ("10 minutes", 600),
     ("1 hour", 3600), ("6 hours", 21600), ("1 day", 86400), ("7 days", 604800),
     ("30 days", 2592000), ("365 days", 31536000), ("3650 days", 315360000),
+    ("36500 days", 3153600000), ("182500 days", 15768000000),  # year 1 to 9999: 21 buckets
 )
 
 
@@ -120,7 +121,8 @@ def _reasons_over_time(con: duckdb.DuckDBPyConnection) -> Chart:
     for b, reason, count in rows:
         grid[reason][index[b]] += count
     series = tuple((r, tuple(v)) for r, v in grid.items() if any(v))
-    labels = tuple(format_ms(b)[:19].replace("T", " ") for b in buckets)
+    # a bucket that starts before year 1 (buckets count from 1970) is labelled from there
+    labels = tuple(format_ms(max(b, MIN_MS))[:19].replace("T", " ") for b in buckets)
     return Chart("close-reasons", title, labels, series, stacked=True, note=f"bucket: {name}")
 
 

@@ -652,3 +652,30 @@ def test_report_renders_in_headless_chromium(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, str(REPO / "scripts" / "check_report.py"), str(html),
                            str(tmp_path / "shot.png")], capture_output=True, text=True, timeout=90)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("fmt", ["table", "csv", "json"])
+def test_a_computed_time_keeps_its_microseconds(tmp_path: Path, fmt: str) -> None:
+    """A time with digits beyond the millisecond (an average of ``closed_at``s, a literal)
+    lost them silently; the outputs' own times keep their three digits."""
+    write_jsonl(tmp_path, sample(3))
+    sql = ("SELECT TIMESTAMP '2026-01-01 00:00:00.123456' AS fine, "
+           "TIMESTAMP '1969-12-31 23:59:59.000250' AS before, min(opened_at) AS own "
+           "FROM closes")
+    text = query.run_query(tmp_path, sql, fmt)
+    for shown in ("2026-01-01T00:00:00.123456Z", "1969-12-31T23:59:59.000250Z",
+                  "2026-01-01T00:00:00.000Z"):
+        assert shown in text, (shown, text)
+
+
+def test_closes_from_year_1_to_9999_make_at_most_max_buckets(tmp_path: Path) -> None:
+    """The widest bucket was 3650 days: closes at both ends of time made 1,002 columns, the
+    first labelled year 1 though it started in 10 BC."""
+    data = sample(2)
+    first, last = data["closes"]
+    first["closed_at"], last["closed_at"] = "0001-01-01T00:00:00.000Z", "9999-12-31T23:59:59.999Z"
+    write_jsonl(tmp_path, data)
+    reasons = report.build_report(tmp_path).chart("close-reasons")
+    assert len(reasons.categories) <= report.MAX_BUCKETS
+    assert reasons.categories[0] == "0001-01-01 00:00:00" and reasons.note == "bucket: 182500 days"
+    assert sum(reasons.total(r) for r in ("complete", "partial", "timeout")) == 2
