@@ -20,6 +20,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import glob
 import os
 import stat
 from collections.abc import Iterator, Sequence
@@ -51,17 +52,36 @@ def expand_inputs(patterns: Sequence[str]) -> list[str]:
         matched = [m.path.removeprefix("./") if here else m.path
                    for result in FileSystems.match([f"./{pattern}" if here else pattern])
                    for m in result.metadata_list if not os.path.isdir(m.path)]
+        if "://" not in pattern:
+            matched += _backslashed(pattern, matched)
         if not matched:
             raise FileNotFoundError(f"input matches no file: {pattern}")
         for path in matched:  # a pipe or a device would block the job's read, or never end
-            if "://" not in path and not stat.S_ISREG(os.stat(path).st_mode):
+            if "://" in path:
+                continue
+            if not stat.S_ISREG(os.stat(path).st_mode):
                 raise ValueError(f"input is not a regular file (a pipe, a device or a socket): "
                                  f"{path}")
+            try:
+                path.encode("utf-8")
+            except UnicodeEncodeError:  # its source in every output is text
+                shown = os.fsencode(path).decode("utf-8", "backslashreplace")
+                raise ValueError(f"input file name is not UTF-8: {shown} (rename it)") from None
         paths.extend(sorted(matched))
     unique: dict[str, str] = {}  # the file -> its first spelling
     for path in paths:
         unique.setdefault(path if "://" in path else os.path.realpath(path), path)
     return list(unique.values())
+
+
+def _backslashed(pattern: str, matched: Sequence[str]) -> list[str]:
+    """Local files ``pattern`` matches whose name holds a backslash: Beam's glob reads ``*`` as
+    ``[^/\\]*`` (a backslash separates on Windows), so it skipped them without a word."""
+    if not glob.has_magic(pattern):
+        return []
+    found = glob.glob(pattern, recursive=True, include_hidden=True)
+    return sorted({path for path in found if "\\" in path and not os.path.isdir(path)}
+                  - set(matched))
 
 
 def numbered_lines(path: str) -> Iterator[tuple[bytes, Source]]:

@@ -138,3 +138,47 @@ def test_a_glob_without_a_folder_matches_in_the_current_folder(
     assert expand_inputs(["?.txt", "a.jsonl"]) == ["c.txt", "a.jsonl"]
     with pytest.raises(FileNotFoundError, match="matches no file: x"):
         expand_inputs(["x*"])
+
+
+@pytest.mark.parametrize("where", ["in a folder", "in the current folder"])
+def test_a_glob_matches_a_file_whose_name_holds_a_backslash(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str) -> None:
+    """Beam's glob reads ``*`` as ``[^/\\\\]*``: such a file was skipped without a word (and a
+    glob matching only it "matched no file")."""
+    from fanin.cli import main
+    from fanin.transforms.read import expand_inputs
+
+    (tmp_path / "in").mkdir()
+    for name in ("a\\b.jsonl", "ok.jsonl", "c[1].jsonl"):
+        (tmp_path / "in" / name).write_bytes(b"not json\n")
+    (tmp_path / "in" / "d\\e.jsonl").mkdir()
+    if where == "in the current folder":
+        monkeypatch.chdir(tmp_path / "in")
+        folder = ""
+    else:
+        folder = str(tmp_path / "in") + os.sep
+    assert expand_inputs([f"{folder}*.jsonl"]) == \
+        [f"{folder}{name}" for name in ("a\\b.jsonl", "c[1].jsonl", "ok.jsonl")]
+    assert expand_inputs([f"{folder}a*"]) == [f"{folder}a\\b.jsonl"]
+    out = tmp_path / "out"
+    assert main(["run", "--input", f"{folder}*.jsonl", "--output", str(out)]) == 0
+    lines = [line for path in (out / "dead_letter").glob("*.jsonl")
+             for line in path.read_text().splitlines()]
+    assert len(lines) == 3
+
+
+def test_an_input_file_name_that_is_not_utf8_is_named_in_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """It was ``'utf-8' codec can't encode character '\\udcff' in position 10: surrogates not
+    allowed``, naming neither the file nor the option."""
+    from fanin.cli import main
+
+    (tmp_path / "in").mkdir()
+    name = os.fsdecode(b"a\xffb.jsonl")
+    (tmp_path / "in" / name).write_bytes(b"not json\n")
+    out = tmp_path / "out"
+    assert main(["run", "--input", str(tmp_path / "in" / "*.jsonl"), "--output", str(out)]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"fanin: error: input file name is not UTF-8: {tmp_path / 'in' / 'a'}\\xffb.jsonl "
+        "(rename it)"]
+    assert not out.exists()
