@@ -91,13 +91,15 @@ def _counts(con: duckdb.DuckDBPyConnection, chart_id: str, title: str, sql: str)
 
 
 def _bucket(con: duckdb.DuckDBPyConnection) -> tuple[str, int] | None:
-    span = con.execute(
-        "SELECT epoch_ms(max(closed_at)) - epoch_ms(min(closed_at)) FROM closes"
-    ).fetchone()
-    if span is None or span[0] is None:
+    """The narrowest bucket that spans the closes in at most ``MAX_BUCKETS`` columns (buckets
+    count from 1970, as ``time_bucket`` aligns them)."""
+    ends = con.execute(
+        "SELECT epoch_ms(min(closed_at)), epoch_ms(max(closed_at)) FROM closes").fetchone()
+    if ends is None or ends[0] is None:
         return None
+    first, last = ends
     for name, seconds in _BUCKETS:
-        if span[0] // (seconds * 1000) + 1 <= MAX_BUCKETS:
+        if last // (seconds * 1000) - first // (seconds * 1000) + 1 <= MAX_BUCKETS:
             return name, seconds
     return _BUCKETS[-1]
 

@@ -183,14 +183,14 @@ def check_schema(schema: Any) -> None:
     registry, base = _registry(schema)
     resolver = registry.resolver(base)
     schemas = {id(node) for node in _schema_objects(schema)}
-    values = set(_value_containers(schema, False)) - schemas
+    others = set(_containers(schema)) - schemas  # values, and maps that name subschemas
     for ref in _refs(schema, base):
         try:
             target = resolver.lookup(ref).contents
         except Unresolvable:
             raise ValueError(f"$ref {ref!r} does not resolve within the schema (remote "
                              "references are not fetched)") from None
-        if not isinstance(target, (dict, bool)) or id(target) in values:
+        if not isinstance(target, (dict, bool)) or id(target) in others:
             raise ValueError(f"$ref {ref!r} points into a value ({', '.join(_DATA_NAMES)}) or "
                              "at what is not a schema")
     _check_regexes(schema)
@@ -241,22 +241,13 @@ def _schema_objects(node: Any) -> Iterator[dict[str, Any]]:
             yield from _schema_objects(item)
 
 
-def _value_containers(node: Any, inside: bool) -> Iterator[int]:
-    """The ids of the objects and arrays under the data keywords of ``node`` (``inside``:
-    ``node`` is one): values, which no ``$ref`` may take for a schema (their own ``$ref``s
-    are never checked)."""
-    if isinstance(node, (dict, list)) and inside:
+def _containers(node: Any) -> Iterator[int]:
+    """The ids of every object and array in ``node``, ``node`` included (a ``$ref`` may take
+    one for a schema only where ``_schema_objects`` finds it)."""
+    if isinstance(node, (dict, list)):
         yield id(node)
-    if isinstance(node, dict):
-        for key, value in node.items():
-            if not inside and key in _NAMED_SCHEMAS and isinstance(value, dict):
-                for subschema in value.values():
-                    yield from _value_containers(subschema, False)
-            else:
-                yield from _value_containers(value, inside or key in _DATA_KEYWORDS)
-    elif isinstance(node, list):
-        for item in node:
-            yield from _value_containers(item, inside)
+        for item in node.values() if isinstance(node, dict) else node:
+            yield from _containers(item)
 
 
 _PROBES: tuple[Any, ...] = (None, True, 0, 0.5, "", [], {})

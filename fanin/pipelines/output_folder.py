@@ -123,8 +123,10 @@ def _output_folders(output: str) -> list[str]:
 
 
 def absent_folders(output: str) -> tuple[str, ...]:
-    """The output folders of ``output`` that do not exist (yet)."""
-    return tuple(folder for folder in _output_folders(output) if not os.path.isdir(folder))
+    """The output folders of ``output`` that do not exist (yet), then ``output`` itself if it
+    does not (so that ``remove_empty`` removes the folders inside it first)."""
+    return tuple(folder for folder in [*_output_folders(output), output]
+                 if not os.path.isdir(folder))
 
 
 def remove_empty(folders: Sequence[str]) -> None:

@@ -75,11 +75,15 @@ def expand_inputs(patterns: Sequence[str]) -> list[str]:
 
 
 def _backslashed(pattern: str, matched: Sequence[str]) -> list[str]:
-    """Local files ``pattern`` matches whose name holds a backslash: Beam's glob reads ``*`` as
-    ``[^/\\]*`` (a backslash separates on Windows), so it skipped them without a word."""
-    if not glob.has_magic(pattern):
+    """Local files ``pattern`` matches whose name holds a backslash, where its wildcards are
+    in the file name only (``in/*.jsonl``): Beam's glob reads ``*`` as ``[^/\\]*`` (a
+    backslash separates on Windows), so it skipped them without a word. A pattern with
+    wildcards in its folders is left to Beam alone (the two globs differ there: Python's
+    ``**/`` also matches no folder)."""
+    if not glob.has_magic(pattern) or glob.has_magic(os.path.dirname(pattern)) or \
+            "**" in pattern:
         return []
-    found = glob.glob(pattern, recursive=True, include_hidden=True)
+    found = glob.glob(pattern, include_hidden=True)
     return sorted({path for path in found if "\\" in path and not os.path.isdir(path)}
                   - set(matched))
 

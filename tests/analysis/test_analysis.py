@@ -679,3 +679,15 @@ def test_closes_from_year_1_to_9999_make_at_most_max_buckets(tmp_path: Path) -> 
     assert len(reasons.categories) <= report.MAX_BUCKETS
     assert reasons.categories[0] == "0001-01-01 00:00:00" and reasons.note == "bucket: 182500 days"
     assert sum(reasons.total(r) for r in ("complete", "partial", "timeout")) == 2
+
+
+def test_a_span_not_aligned_to_its_buckets_stays_within_max_buckets(tmp_path: Path) -> None:
+    """00:00:30 to 01:00:00 is 59.5 minutes but touches 61 one-minute buckets (the count was
+    the span divided by the width, plus one)."""
+    data = sample(2)
+    first, last = data["closes"]
+    first["closed_at"], last["closed_at"] = "2026-01-01T00:00:30.000Z", "2026-01-01T01:00:00.000Z"
+    write_jsonl(tmp_path, data)
+    reasons = report.build_report(tmp_path).chart("close-reasons")
+    assert len(reasons.categories) <= report.MAX_BUCKETS
+    assert reasons.note == "bucket: 10 minutes"

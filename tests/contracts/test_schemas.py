@@ -121,6 +121,9 @@ def test_classes_and_anchors_are_ecma_262s() -> None:
     {"properties": {"p": {"$ref": "#/examples/0"}}, "examples": [{"$ref": "#/nope"}]},
     {"properties": {"p": {"$ref": "#/enum/0"}}, "enum": [{"type": "string"}]},
     {"properties": {"p": {"$ref": "#/required"}}, "required": ["p"]},  # a list, no schema
+    # maps that name subschemas, not schemas: tracebacks in the load's probes
+    {"properties": {"minimum": {"type": "number"}}, "$ref": "#/properties"},
+    {"$defs": {"type": {"type": "string"}}, "$ref": "#/$defs"},
 ])
 def test_a_ref_into_a_value_is_refused_when_the_schema_loads(schema: dict[str, Any]) -> None:
     with pytest.raises(ValueError, match=r"points into a value \(const, default, enum, "

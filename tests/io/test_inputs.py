@@ -182,3 +182,22 @@ def test_an_input_file_name_that_is_not_utf8_is_named_in_one_line(
         f"fanin: error: input file name is not UTF-8: {tmp_path / 'in' / 'a'}\\xffb.jsonl "
         "(rename it)"]
     assert not out.exists()
+
+
+def test_a_glob_with_wildcards_in_its_folders_is_left_to_beams_match(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Adding the backslash-named files of such a glob read them alone where Beam's relative
+    match finds nothing (``*/*.jsonl`` read ``d2/b\\c.jsonl`` only, not ``d1/a.jsonl``), and
+    a ``**`` (Python's also matches no folder) read a file's neighbour but not the file."""
+    from fanin.transforms.read import expand_inputs
+
+    for name in ("d1/a.jsonl", "d2/b\\c.jsonl", "d3/sub/deep.jsonl"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(b"not json\n")
+    monkeypatch.chdir(tmp_path)
+    for pattern in ("*/*.jsonl", "d*/*.jsonl"):
+        with pytest.raises(FileNotFoundError, match="matches no file"):
+            expand_inputs([pattern])
+    beams = expand_inputs([str(tmp_path / "**" / "*.jsonl")])
+    assert str(tmp_path / "d2" / "b\\c.jsonl") not in beams  # Beam's ``*``: no backslash
+    assert str(tmp_path / "d1" / "a.jsonl") in beams
