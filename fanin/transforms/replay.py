@@ -239,9 +239,10 @@ _READ: dict[str, dict[str, list[tuple[bytes, Source]]]] = {}
 
 # token of a replay planned in this process -> path -> parse_message's result for each of its
 # messages, as the plan parsed them, encoded (``_RESULT``: ~2 us to decode against ~7 us to
-# parse, and about the size of the lines as bytes). A worker in this process (the local
-# runners) takes them from here; a file leaves once its last run is read, and the whole entry
-# when the ``Replay`` is collected. A worker in another process reads and parses the file.
+# parse; about twice the lines' text). A worker in this process (the local runners', Prism's
+# LOOPBACK one) takes them from here; a file leaves once its last run is read, and the whole
+# entry when the ``Replay`` is collected. A worker in another process reads and parses the
+# file.
 _PARSED: dict[str, dict[str, list[bytes]]] = {}
 _RESULT = FastPrimitivesCoder().get_impl()
 
