@@ -105,8 +105,8 @@ def _add_run(subparsers: argparse._SubParsersAction[_Parser]) -> None:
                         "(docs/spec.md §4)")
     limits.add_argument("--max-bytes-per-join", type=int, default=16 * 1024 * 1024,
                         help="most bytes of messages a join holds (default 16 MiB, under "
-                        "Dataflow's element and commit limits); further ones as with "
-                        "--max-messages-per-join")
+                        "Dataflow's element and commit limits; at least --max-bytes); "
+                        "further ones as with --max-messages-per-join")
     limits.add_argument("--window-s", type=float, default=None,
                         help="Pub/Sub runs only: longest wait (processing time, in seconds "
                         "rounded up, default 60, at most 86400) before pending outputs are "
