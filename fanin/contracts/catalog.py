@@ -30,6 +30,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from fanin.contracts.jsonvalue import MAX_INT_DIGITS
+from fanin.contracts.parsing import is_utf8
 from fanin.contracts.schemas import check_schema, validator_for
 from fanin.contracts.timefmt import duration_ms
 
@@ -261,16 +262,13 @@ def _construct_int(loader: _JSONLoader, node: yaml.ScalarNode) -> int:
 
 _JSONLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
 
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
 def _construct_str(loader: _JSONLoader, node: yaml.ScalarNode) -> str:
     """A string, its escaped UTF-16 surrogate pairs (``"\\ud83d\\ude42"``, as JSON writes a
     character beyond the BMP) read as the one character they spell, as a JSON reader does
     (YAML's reader made them two lone surrogates); a lone surrogate stays, and is refused
     after the load (``_not_json``)."""
     text: str = loader.construct_scalar(node)
-    if _SURROGATE.search(text) is None:
+    if is_utf8(text):
         return text
     return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "surrogatepass")
 
@@ -308,7 +306,7 @@ def _not_json(value: Any, path: str, seen: set[int]) -> str | None:
         items = ((f"{path}[{i}]", item) for i, item in enumerate(value))
     else:
         for key in value:
-            if not isinstance(key, str) or _SURROGATE.search(key):
+            if not isinstance(key, str) or not is_utf8(key):
                 what = "is not a string" if not isinstance(key, str) else \
                     "holds a lone surrogate, not text"
                 return f"{path or '(top)'}: key {key!r} {what}"
@@ -323,7 +321,7 @@ def _not_json(value: Any, path: str, seen: set[int]) -> str | None:
 def _not_json_scalar(value: Any, path: str) -> str | None:
     if isinstance(value, float) and not math.isfinite(value):
         return f"{path}: {value!r} is not a JSON number"
-    if isinstance(value, str) and _SURROGATE.search(value):
+    if isinstance(value, str) and not is_utf8(value):
         return f"{path}: {value!r} holds a lone surrogate, not text"
     if value is not None and not isinstance(value, (str, int, float, bool)):
         return f"{path}: a {type(value).__name__} is not a JSON value"

@@ -31,6 +31,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.pvalue import PBegin, PCollection
 
 from fanin.contracts.lines import message_lines
+from fanin.contracts.parsing import is_utf8
 from fanin.io.inputs import check_start, input_lines
 
 __all__ = ["ReadNumberedLines", "expand_inputs", "numbered_lines"]
@@ -62,11 +63,9 @@ def expand_inputs(patterns: Sequence[str]) -> list[str]:
             if not stat.S_ISREG(os.stat(path).st_mode):
                 raise ValueError(f"input is not a regular file (a pipe, a device or a socket): "
                                  f"{path}")
-            try:
-                path.encode("utf-8")
-            except UnicodeEncodeError:  # its source in every output is text
+            if not is_utf8(path):  # its source in every output is text
                 shown = os.fsencode(path).decode("utf-8", "backslashreplace")
-                raise ValueError(f"input file name is not UTF-8: {shown} (rename it)") from None
+                raise ValueError(f"input file name is not UTF-8: {shown} (rename it)")
         paths.extend(sorted(matched))
     unique: dict[str, str] = {}  # the file -> its first spelling
     for path in paths:
