@@ -668,26 +668,22 @@ def test_a_computed_time_keeps_its_microseconds(tmp_path: Path, fmt: str) -> Non
         assert shown in text, (shown, text)
 
 
-def test_closes_from_year_1_to_9999_make_at_most_max_buckets(tmp_path: Path) -> None:
-    """The widest bucket was 3650 days: closes at both ends of time made 1,002 columns, the
-    first labelled year 1 though it started in 10 BC."""
+@pytest.mark.parametrize("first_at, last_at, label, note", [
+    # the widest bucket was 3650 days: 1,002 columns, the first labelled year 1 though it
+    # started in 10 BC
+    ("0001-01-01T00:00:00.000Z", "9999-12-31T23:59:59.999Z", "0001-01-01 00:00:00",
+     "bucket: 182500 days"),
+    # 59.5 minutes touch 61 one-minute buckets (the count was the span over the width, plus 1)
+    ("2026-01-01T00:00:30.000Z", "2026-01-01T01:00:00.000Z", "2026-01-01 00:00:00",
+     "bucket: 10 minutes"),
+])
+def test_the_close_reasons_chart_stays_within_max_buckets(
+        tmp_path: Path, first_at: str, last_at: str, label: str, note: str) -> None:
     data = sample(2)
     first, last = data["closes"]
-    first["closed_at"], last["closed_at"] = "0001-01-01T00:00:00.000Z", "9999-12-31T23:59:59.999Z"
+    first["closed_at"], last["closed_at"] = first_at, last_at
     write_jsonl(tmp_path, data)
     reasons = report.build_report(tmp_path).chart("close-reasons")
     assert len(reasons.categories) <= report.MAX_BUCKETS
-    assert reasons.categories[0] == "0001-01-01 00:00:00" and reasons.note == "bucket: 182500 days"
+    assert (reasons.categories[0], reasons.note) == (label, note)
     assert sum(reasons.total(r) for r in ("complete", "partial", "timeout")) == 2
-
-
-def test_a_span_not_aligned_to_its_buckets_stays_within_max_buckets(tmp_path: Path) -> None:
-    """00:00:30 to 01:00:00 is 59.5 minutes but touches 61 one-minute buckets (the count was
-    the span divided by the width, plus one)."""
-    data = sample(2)
-    first, last = data["closes"]
-    first["closed_at"], last["closed_at"] = "2026-01-01T00:00:30.000Z", "2026-01-01T01:00:00.000Z"
-    write_jsonl(tmp_path, data)
-    reasons = report.build_report(tmp_path).chart("close-reasons")
-    assert len(reasons.categories) <= report.MAX_BUCKETS
-    assert reasons.note == "bucket: 10 minutes"
