@@ -47,8 +47,12 @@ Nested JSON-text fields (``branches[].value``, ``conflicts[].value`` and ``.extr
 sequences or a newline in a value, shown escaped: ``\\x1b``, ``\\n``), ``csv`` (RFC 4180,
 header row, NULL as empty) or ``json`` (an array of objects; JSON columns embedded as JSON,
 times as RFC 3339 UTC text, in every format, to the millisecond, or the microsecond where a
-computed time has more digits; ``NaN`` and infinite numbers, which JSON cannot hold, as
-``null``, also inside JSON columns). Decimals keep their exact digits in every format.
+computed time has more digits; a computed time beyond years 0001-9999, which RFC 3339 cannot
+write, as DuckDB writes it (``10000-01-01 00:00:00+00``, ``0001-12-31 (BC) 00:00:00``),
+and an infinite one with a time zone as ``infinity`` / ``-infinity`` (DuckDB gives Python no
+way to tell one without a time zone from its extreme instants); ``NaN`` and infinite
+numbers, which JSON cannot hold, as ``null``, also inside JSON columns). Decimals keep their
+exact digits in every format.
 ``run_query(..., out=FILE)`` writes the rendered CSV/JSON/table with Python (atomically, to
 exactly that path); DuckDB never writes a file.
 """
@@ -403,8 +407,30 @@ def _render(names: Sequence[str], types: Sequence[str], rows: Sequence[tuple[Any
                          "it (json_extract) or cast it to VARCHAR") from None
 
 
+# What DuckDB gives Python for an infinite TIMESTAMP WITH TIME ZONE: the extreme datetimes,
+# without the time zone every finite value of such a column has
+_INFINITE = {dt.datetime.max: "infinity", dt.datetime.min: "-infinity"}
+
+
+def _infinities(types: Sequence[str], rows: Sequence[tuple[Any, ...]]
+                ) -> Sequence[tuple[Any, ...]]:
+    """``rows`` with each infinite time of a ``TIMESTAMP WITH TIME ZONE`` column as the text
+    ``infinity`` or ``-infinity`` (it read as a real instant: 9999-12-31T23:59:59.999999Z)."""
+    zoned = [i for i, t in enumerate(types) if t == "TIMESTAMP WITH TIME ZONE"]
+    if not zoned:
+        return rows
+
+    def cell(value: Any) -> Any:
+        if isinstance(value, dt.datetime) and value.tzinfo is None:
+            return _INFINITE.get(value, value)
+        return value
+
+    return [tuple(cell(v) if i in zoned else v for i, v in enumerate(row)) for row in rows]
+
+
 def _rendered(names: Sequence[str], types: Sequence[str], rows: Sequence[tuple[Any, ...]],
               fmt: str) -> str:
+    rows = _infinities(types, rows)
     if fmt == "json":
         flags = [t == "JSON" for t in types]
         exact = _Exact()

@@ -30,6 +30,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from fanin.contracts.jsonvalue import MAX_INT_DIGITS
+from fanin.contracts.messages import Seconds
 from fanin.contracts.parsing import is_utf8
 from fanin.contracts.schemas import check_schema, validator_for
 from fanin.contracts.timefmt import duration_ms
@@ -60,11 +61,11 @@ class Contract(BaseModel):
     name: str = Field(min_length=1)
     required: list[str] | None = None
     optional: list[str] | None = None
-    deadline_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    deadline_s: Seconds | None = Field(default=None, gt=0, allow_inf_nan=False)
     allow_partial: bool | None = None
     fail_fast: bool | None = None
     close_trigger: CloseTrigger | None = None
-    retention_s: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    retention_s: Seconds | None = Field(default=None, ge=0, allow_inf_nan=False)
     schemas: dict[str, dict[str, Any] | bool] = Field(default_factory=dict)
 
     @field_validator("required", "optional")

@@ -20,7 +20,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstr
 
 from fanin.contracts.timefmt import parse_rfc3339
 
-__all__ = ["MAX_ATTEMPT", "OpenMessage", "ReceiptMessage", "Status"]
+__all__ = ["MAX_ATTEMPT", "OpenMessage", "ReceiptMessage", "Seconds", "Status"]
 
 # The largest ``attempt``: a signed 64-bit integer, the type of the attempt columns of the
 # Parquet files, the BigQuery tables (INT64) and DuckDB (BIGINT). A larger one is refused at
@@ -51,12 +51,16 @@ class _Message(BaseModel):
 
 
 def _beyond_double(value: Any) -> Any:
-    """An integer ``deadline_s`` beyond double range is the largest double of its sign: ``D``
-    is capped at the end of year 9999 either way (docs/spec.md §2), as for ``1e300``, and a
-    negative one is refused as any negative deadline is."""
+    """An integer number of seconds beyond double range is the largest double of its sign:
+    a time it gives is capped at the end of year 9999 either way (docs/spec.md §2), as for
+    ``1e300``, and a negative one is refused as any negative duration is."""
     if type(value) is int and abs(value) > sys.float_info.max:
         return sys.float_info.max if value > 0 else -sys.float_info.max
     return value
+
+
+# A number of seconds (``deadline_s``, ``retention_s``), also an integer beyond double range
+Seconds = Annotated[float, BeforeValidator(_beyond_double)]
 
 
 class OpenMessage(_Message):
@@ -66,8 +70,7 @@ class OpenMessage(_Message):
     opened_at: Millis
     required: list[Name] | None = None
     optional: list[Name] | None = None
-    deadline_s: Annotated[float, BeforeValidator(_beyond_double),
-                          Field(gt=0, allow_inf_nan=False)] | None = None
+    deadline_s: Annotated[Seconds, Field(gt=0, allow_inf_nan=False)] | None = None
     allow_partial: bool | None = None
     fail_fast: bool | None = None
 
@@ -75,7 +78,7 @@ class OpenMessage(_Message):
 class ReceiptMessage(_Message):
     """``kind: "receipt"`` (the default): one per branch result (docs/spec.md §1, §3)."""
 
-    kind: Literal["receipt"] = "receipt"
+    kind: Literal["receipt"] | None = "receipt"  # null means absent (docs/spec.md §1)
     branch: Name
     status: Status
     event_time: Millis

@@ -18,7 +18,7 @@ from __future__ import annotations
 import base64
 import functools
 import math
-from collections.abc import Container
+from collections.abc import Container, Iterable
 from typing import Any
 
 import orjson
@@ -100,6 +100,17 @@ def _field_errors(exc: ValidationError) -> str:
         loc = ".".join(str(p) for p in err["loc"]) or "message"
         parts.append(f"field {loc}: {err['msg']}")
     return "; ".join(parts)
+
+
+def _both(required: Iterable[str] | None, optional: Iterable[str] | None) -> str:
+    """The detail of an open naming branches both required and optional, else ``""``."""
+    both = set(required or ()) & set(optional or ())
+    return f"branches both required and optional: {sorted(both)}" if both else ""
+
+
+def _names_or_none(value: Any) -> list[str] | None:
+    """``value`` when it is a valid list of branch names (the open's rule), else None."""
+    return value if _names(value) and value is not None else None
 
 
 def _sorted_names(names: list[str] | None) -> tuple[str, ...] | None:
@@ -279,15 +290,18 @@ def parse_message(data: bytes | str, source: Source, contracts: Container[str], 
         elif kind == "open":
             record = _fast_open(obj, text, source) or \
                 _open_record(OpenMessage.model_validate(obj), text, source)
-            both = set(record[R.O_REQUIRED] or ()) & set(record[R.O_OPTIONAL] or ())
+            both = _both(record[R.O_REQUIRED], record[R.O_OPTIONAL])
             if both:
-                return None, dead_letter("invalid_message", "branches both required and "
-                                         f"optional: {sorted(both)}", text, source)
+                return None, dead_letter("invalid_message", both, text, source)
         else:
             return None, dead_letter("invalid_message",
                                      "field kind: must be \"open\" or \"receipt\"", text, source)
     except ValidationError as exc:
-        return None, dead_letter("invalid_message", _field_errors(exc), text, source)
+        detail = _field_errors(exc)
+        if kind == "open":  # the overlap is named with the other bad fields
+            both = _both(*(_names_or_none(obj.get(f)) for f in ("required", "optional")))
+            detail = f"{detail}; {both}" if both else detail
+        return None, dead_letter("invalid_message", detail, text, source)
     except (ValueError, TypeError) as exc:  # e.g. a number that cannot be canonicalised
         return None, dead_letter("invalid_message", str(exc), text, source)
     contract = record[R.CONTRACT]

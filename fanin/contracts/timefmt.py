@@ -5,7 +5,8 @@ Guarantees:
   ``hh:mm:ss`` with optional fraction, then ``Z`` (or ``z``) or ``+hh:mm`` / ``-hh:mm``. Anything
   else (no zone, a space for ``T``, a bad day of month, hour 24...) raises ``ValueError`` with a
   message naming the problem. The fraction is truncated (not rounded) to whole milliseconds.
-- The instant, once converted to UTC, must lie in years 0001-9999; otherwise ``ValueError``.
+- The year as written, and the instant once converted to UTC, must lie in years 0001-9999;
+  otherwise ``ValueError``.
 - A leap second (``:60``) is accepted, as RFC 3339 allows, and counted as ``:59.999`` of the same
   minute, so it keeps its order relative to its neighbours.
 - ``format_ms`` renders UTC with milliseconds (``2026-01-02T03:04:05.678Z``) and is the inverse of
@@ -99,7 +100,7 @@ def _second_ms(prefix: str) -> int | None:
         return None
     date = prefix[:10]
     days = _DAYS.get(date, -1)
-    if days == -1:
+    if days == -1 and date not in _DAYS:  # -1 is also 1969-12-31's
         try:
             days = _date_days(date)
         except ValueError:

@@ -61,7 +61,7 @@ __all__ = [
 ]
 
 _LOG = logging.getLogger("fanin")
-_EPOCH_MILLIS = re.compile(r"-?\d{1,18}\Z")
+_EPOCH_MILLIS = re.compile(r"-?[0-9]{1,18}\Z")  # ASCII digits only (int() reads others)
 # What the Pub/Sub service accepts (its resource-name rules; the emulator is more lenient).
 _PROJECT_ID = re.compile(r"([a-z][-a-z0-9.]{0,61}[a-z0-9]:)?[a-z][-a-z0-9]{4,28}[a-z0-9]\Z")
 _RESOURCE_NAME = re.compile(r"[A-Za-z][-A-Za-z0-9_.~+%]{2,254}\Z")

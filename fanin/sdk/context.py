@@ -23,6 +23,7 @@ Guarantees:
 from __future__ import annotations
 
 import json
+import math
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -51,7 +52,7 @@ def now_rfc3339(clock: Clock = time.time) -> str:
     than a time clamped to the end of year 9999."""
     seconds = clock()
     try:
-        ms = int(seconds * 1000)
+        ms = math.floor(seconds * 1000)  # truncated toward the past, also before 1970
     except (TypeError, ValueError, OverflowError):
         ms = None
     if isinstance(seconds, bool) or ms is None or not MIN_MS <= ms <= MAX_MS:

@@ -185,10 +185,10 @@ _GLOBAL = (GlobalWindow(),)
 
 
 def _lag_ms(max_disorder_s: float) -> int:
-    """``max_disorder_s`` in ms; beyond the span of timestamps (``MIN_MS`` to ``MAX_MS``;
-    ``1e308`` seconds in ms overflows to infinity) it is that span: every line is covered
-    either way."""
-    return int(min(max_disorder_s * 1000, MAX_MS - MIN_MS))
+    """``max_disorder_s`` in whole ms, as every duration is counted (``duration_ms``: ``1.001``
+    is 1,001 ms, where ``1.001 * 1000`` is 1,000.99...); beyond the span of timestamps
+    (``MIN_MS`` to ``MAX_MS``) it is that span: every line is covered either way."""
+    return min(duration_ms(max_disorder_s), MAX_MS - MIN_MS)
 
 
 def _stamp(ms: int) -> Timestamp:

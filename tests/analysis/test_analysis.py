@@ -668,6 +668,25 @@ def test_a_computed_time_keeps_its_microseconds(tmp_path: Path, fmt: str) -> Non
         assert shown in text, (shown, text)
 
 
+@pytest.mark.parametrize("fmt", ["table", "csv", "json"])
+def test_an_infinite_time_is_not_shown_as_an_instant(tmp_path: Path, fmt: str) -> None:
+    """DuckDB gives an infinite TIMESTAMP WITH TIME ZONE as Python's extreme datetimes, which
+    read as 9999-12-31T23:59:59.999999Z and 0001-01-01T00:00:00.000Z; that instant itself
+    stays one."""
+    write_jsonl(tmp_path, sample(1))
+    sql = ("SELECT 'infinity'::TIMESTAMPTZ AS up, '-infinity'::TIMESTAMPTZ AS down, "
+           "TIMESTAMPTZ '9999-12-31 23:59:59.999999+00' AS last, min(opened_at) AS own "
+           "FROM closes")
+    text = query.run_query(tmp_path, sql, fmt)
+    cells = json.loads(text)[0] if fmt == "json" else None
+    if cells is not None:
+        assert (cells["up"], cells["down"], cells["last"]) == (
+            "infinity", "-infinity", "9999-12-31T23:59:59.999999Z")
+    for shown in ("infinity", "-infinity", "9999-12-31T23:59:59.999999Z"):
+        assert text.count(shown) == 1 + (shown == "infinity"), (shown, text)
+    assert "0001-01-01" not in text
+
+
 @pytest.mark.parametrize("first_at, last_at, label, note", [
     # the widest bucket was 3650 days: 1,002 columns, the first labelled year 1 though it
     # started in 10 BC

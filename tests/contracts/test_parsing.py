@@ -4,6 +4,7 @@ loader."""
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 import pytest
@@ -93,6 +94,19 @@ def test_an_integer_deadline_beyond_double_range_is_capped_like_1e300() -> None:
     assert deadline("-" + "9" * 401) == "field deadline_s: Input should be greater than 0"
 
 
+@pytest.mark.parametrize("field", ["deadline_s", "retention_s"])
+def test_a_contracts_integer_beyond_double_range_is_capped_as_an_opens_is(field: str) -> None:
+    """docs/spec.md §2, §6: seconds beyond any timestamp are capped, however written (a
+    contract refused 10**309 as "a valid number" where an open took it)."""
+    def loaded(value: str) -> Any:
+        text = f"contracts:\n  - name: x\n    required: [a]\n    {field}: {value}\n"
+        return getattr(parse_contracts(text)["x"], field)
+
+    assert loaded("1" + "0" * 309) == loaded("9" * 401) == sys.float_info.max
+    with pytest.raises(ContractsError, match=f"field {field}: Input should be greater than"):
+        loaded("-1" + "0" * 309)
+
+
 def test_every_bad_field_is_named_once() -> None:
     found = error_of(with_fields(status="done", attempt="2"))
     assert found is not None
@@ -129,6 +143,15 @@ def test_times_truncate_to_milliseconds_and_honour_offsets() -> None:
                 "2026-13-01T00:00:00Z", "10000-01-01T00:00:00Z", "2025-02-29T00:00:00Z"):
         with pytest.raises(ValueError):
             parse_rfc3339(bad)
+
+
+@pytest.mark.parametrize("text", ["0000-12-31T23:30:00-01:00", "9999-12-31T23:30:00-01:00",
+                                  "0001-01-01T00:30:00+01:00"])
+def test_a_year_outside_0001_9999_as_written_or_in_utc_is_refused(text: str) -> None:
+    """docs/spec.md §1: years 0001-9999 as written and as UTC instants."""
+    with pytest.raises(ValueError):
+        parse_rfc3339(text)
+    assert parse_rfc3339("0001-01-01T00:30:00+00:30") == parse_rfc3339("0001-01-01T00:00:00Z")
 
 
 def test_json_equality() -> None:
@@ -295,6 +318,35 @@ def test_null_kind_is_a_receipt_and_an_empty_kind_is_refused() -> None:
     assert dead is None and rec is not None and rec[R.KIND] == R.RECEIPT
     _, dead = parse_message('{"kind":"",' + fields + "}", ("f", 1), {})
     assert dead is not None and dead["error"] == "invalid_message"
+
+
+def test_a_null_kind_is_not_named_among_a_bad_receipts_fields() -> None:
+    """A receipt the fast path refuses goes to the model, where a null kind is absent too."""
+    fields = '"join_id":"j","branch":"b","status":"ok","event_time":"2026-01-01T00:00:00Z",' \
+        '"attempt":0'
+    for kind in ('"kind":null,', '"\\u006bind" : null ,', ""):
+        _, dead = parse_message("{" + kind + fields + "}", ("f", 1), {})
+        assert dead is not None and dead["detail"] == \
+            "field attempt: Input should be greater than or equal to 1", kind
+
+
+
+def test_an_open_names_its_overlapping_branches_with_its_other_bad_fields() -> None:
+    """docs/spec.md §1, §5: every bad field named once, the overlap too (it was hidden by any
+    other bad field); an invalid list is named alone."""
+    head = '{"kind":"open","join_id":"j","opened_at":"2026-01-01T00:00:00Z",'
+
+    def detail(fields: str) -> str:
+        _, dead = parse_message(head + fields + "}", ("f", 1), {})
+        assert dead is not None and dead["error"] == "invalid_message"
+        return str(dead["detail"])
+
+    overlap = '"required":["a","c"],"optional":["b","c","a"]'
+    assert detail(overlap) == "branches both required and optional: ['a', 'c']"
+    assert detail(overlap + ',"deadline_s":0') == "field deadline_s: Input should be " \
+        "greater than 0; branches both required and optional: ['a', 'c']"
+    assert detail('"required":["a",1],"optional":["a"]') == \
+        "field required.1: Input should be a valid string"
 
 
 @pytest.mark.parametrize(("text", "ms"), [

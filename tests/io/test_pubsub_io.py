@@ -235,3 +235,11 @@ def test_dead_letters_on_a_topic_carry_their_messages_join_id() -> None:
     # a too_large dead letter's message is over every read limit: its join_id still counts
     big = json.dumps({"join_id": "tl", "branch": "a", "value": "x" * (6 << 20)})
     assert attrs({"error": "too_large", "detail": "d", "raw": big}) == {"join_id": "tl"}
+
+
+@pytest.mark.parametrize("value", ["\u0661\u0667" + "\u0660" * 11, "\uff11\uff17\uff10\uff10",
+                                   "17\uff100", "1700\n"])
+def test_an_event_time_attribute_of_other_digits_is_unparseable(value: str) -> None:
+    """Epoch milliseconds are ASCII digits, as RFC 3339's are (``int()`` reads others)."""
+    assert parse_event_time_ms(value) is None
+    assert parse_event_time_ms("1700") == 1700 and parse_event_time_ms("-1700") == -1700

@@ -99,3 +99,20 @@ def test_a_redelivery_at_the_closing_millisecond_after_an_eager_close_is_late(
          {"messages": 3, "duplicates": 0, "superseded": 0})]
     assert [(late["reason"], late["message"]) for late in eager["late"]] == [
         ("after_close", json.loads(receipt_b))]
+
+
+def test_a_disorder_allowance_counts_its_milliseconds_as_written(tmp_path: Path) -> None:
+    """``--max-disorder-s 1.001`` covers a line 1,001 ms behind the latest (docs/spec.md §2
+    counts seconds in whole milliseconds of the number as written; ``1.001 * 1000`` is
+    1,000.99...): the replay equals the bounded run."""
+    lines = ['{"kind":"open","join_id":"j","opened_at":"2024-01-01T00:00:00Z",'
+             '"required":["a"],"deadline_s":1}',
+             '{"kind":"open","join_id":"k","opened_at":"2024-01-01T00:00:02.001Z",'
+             '"required":["a"]}',
+             '{"join_id":"j","branch":"a","status":"ok","event_time":"2024-01-01T00:00:01Z"}']
+    args = ("--close-trigger", "watermark")
+    bounded = run_cli(lines, tmp_path / "bounded", *args)
+    replay = run_cli(lines, tmp_path / "replay", "--replay", "--max-disorder-s", "1.001", *args)
+    assert replay == bounded
+    assert [(c["join_id"], c["reason"]) for c in bounded["closes"]] == [
+        ("j", "complete"), ("k", "timeout")]

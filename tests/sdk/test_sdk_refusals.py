@@ -28,6 +28,7 @@ from fanin.sdk import (
     MessageRefused,
     PubSubSink,
     fit_error,
+    now_rfc3339,
 )
 
 
@@ -493,6 +494,15 @@ def test_a_clock_that_does_not_answer_seconds_is_refused_not_clamped(
     with pytest.raises(ClockError), emitter.receipt(ctx, "c") as r:
         r.value = 1
     assert sink.lines == []
+
+
+@pytest.mark.parametrize(("seconds", "text"), [
+    (-0.0005, "1969-12-31T23:59:59.999Z"), (-1.5, "1969-12-31T23:59:58.500Z"),
+    (0.0009, "1970-01-01T00:00:00.000Z"), (1.25, "1970-01-01T00:00:01.250Z")])
+def test_a_clocks_time_is_truncated_toward_the_past(seconds: float, text: str) -> None:
+    """``now_rfc3339``: the millisecond the instant lies in, before 1970 too (it gave the
+    next one there)."""
+    assert now_rfc3339(lambda: seconds) == text
 
 
 FORKED_POOL = textwrap.dedent("""
