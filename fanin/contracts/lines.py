@@ -9,9 +9,26 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-__all__ = ["message_lines"]
+__all__ = ["LongLine", "message_lines"]
 
 _BOM = b"\xef\xbb\xbf"
+
+
+class LongLine(bytes):
+    """The first bytes of a line longer than its reader's limit, never held whole
+    (``fanin.io.inputs``); ``size``: the line's length in bytes (its ending not counted). A
+    message it holds is ``too_large`` (docs/spec.md §1), whatever its first bytes are."""
+
+    size: int
+
+    def __new__(cls, first: bytes, size: int) -> LongLine:
+        line = super().__new__(cls, first)
+        line.size = size
+        return line
+
+    def __reduce__(self) -> tuple[type[LongLine], tuple[bytes, int]]:
+        """Pickled (and so through Beam's coders) as itself."""
+        return LongLine, (bytes(self), self.size)
 
 
 def message_lines(handle: Iterable[bytes]) -> Iterator[tuple[bytes, int]]:
@@ -19,10 +36,11 @@ def message_lines(handle: Iterable[bytes]) -> Iterator[tuple[bytes, int]]:
     ``fanin run --input`` and ``fanin publish``. Numbers count every line from 1; the line ending
     (``\\n`` or ``\\r\\n``) is removed, as is a UTF-8 byte order mark at the start of the
     stream; a line that is then empty is not a message; any other line (whitespace only
-    included) is one, valid or not."""
+    included) is one, valid or not. A ``LongLine`` stays one (it has no ending)."""
     for number, line in enumerate(handle, start=1):
         if number == 1 and line.startswith(_BOM):
-            line = line[len(_BOM):]
+            line = LongLine(line[len(_BOM):], line.size - len(_BOM)) \
+                if type(line) is LongLine else line[len(_BOM):]
         if line.endswith(b"\n"):
             line = line[:-1]
             if line.endswith(b"\r"):

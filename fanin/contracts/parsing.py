@@ -26,6 +26,7 @@ from pydantic import ValidationError
 
 from fanin.contracts import records as R
 from fanin.contracts.jsonvalue import JSON_WHITESPACE, JSONRefused, canonical, encode_str, loads
+from fanin.contracts.lines import LongLine
 from fanin.contracts.messages import MAX_ATTEMPT, OpenMessage, ReceiptMessage
 from fanin.contracts.timefmt import duration_ms, format_ms, parse_rfc3339
 
@@ -253,9 +254,10 @@ def parse_message(data: bytes | str, source: Source, contracts: Container[str], 
                   ) -> tuple[R.Record | None, dict[str, Any] | None]:
     """Validate one message. Returns ``(record, None)`` or ``(None, dead_letter)``."""
     if isinstance(data, bytes):
-        if len(data) > max_bytes:
-            return None, dead_letter("too_large", f"{len(data)} bytes > limit {max_bytes}",
-                                     data, source)
+        if len(data) > max_bytes or type(data) is LongLine:  # (its first bytes, its size)
+            size = data.size if type(data) is LongLine else len(data)
+            return None, dead_letter("too_large", f"{size} bytes > limit {max_bytes}", data,
+                                     source)
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError as exc:
@@ -320,6 +322,8 @@ def read_join_id(data: bytes | str, max_bytes: int = DEFAULT_MAX_BYTES) -> str |
     decodes a string as the strict decoder does, and what it reads differently (a repeated
     field name: orjson keeps the last) the strict decoder refuses, so no record comes out.
     """
+    if type(data) is LongLine:  # a long line's first bytes: too large, whatever they are
+        return None
     if len(data) > max_bytes // 4 and len(data.encode("utf-8", "surrogatepass")
                                           if isinstance(data, str) else data) > max_bytes:
         return None

@@ -39,7 +39,7 @@ from typing import Any
 
 from fanin.contracts.lines import message_lines
 from fanin.io.credentials import unreadable_credentials
-from fanin.io.inputs import check_start, input_lines
+from fanin.io.inputs import PUBSUB_LINE_BYTES, check_start, input_lines, stream_lines
 from fanin.io.pubsub import validate_topic_path
 
 __all__ = ["MAX_IN_FLIGHT", "MAX_KINDS", "NOTICE_S", "FailureKind", "PublishSummary",
@@ -188,9 +188,9 @@ def _line_attributes(line: bytes) -> dict[str, str]:
 @contextmanager
 def _input(path: str) -> Iterator[Iterable[bytes]]:
     if path == "-":
-        yield sys.stdin.buffer
+        yield stream_lines(sys.stdin.buffer, PUBSUB_LINE_BYTES)
     else:  # decompressed by its name's suffix (.gz, .bz2, ...), as ``fanin run`` reads it
-        with input_lines(path) as lines:
+        with input_lines(path, PUBSUB_LINE_BYTES) as lines:
             yield lines
 
 

@@ -133,7 +133,7 @@ def build(p: beam.Pipeline, config: RunConfig, catalog: Catalog,
     parse. ``drain`` stops a Pub/Sub read on the local runner (``fanin.io.pubsub_drain``)."""
     if config.replay:
         paths = expand_inputs(config.inputs)
-        lines = by_event_time([numbered_lines(path) for path in paths],
+        lines = by_event_time([numbered_lines(path, config.max_bytes) for path in paths],
                               MessageScan(frozenset(catalog.contracts), config.max_bytes))
         replay = replay_of(lines, catalog, config.max_disorder_s, config.max_bytes)
         # the replay parses each line as it reads it (ParseMessages' outputs; see Replay)
@@ -141,7 +141,7 @@ def build(p: beam.Pipeline, config: RunConfig, catalog: Catalog,
         input_end_ms: int | None = replay.end_ms
     else:
         if config.inputs:
-            raw = p | "Read" >> ReadNumberedLines(expand_inputs(config.inputs))
+            raw = p | "Read" >> ReadNumberedLines(expand_inputs(config.inputs), config.max_bytes)
         else:
             from fanin.io.pubsub import ReadMessages
 

@@ -7,7 +7,8 @@ Guarantees:
   A file matched twice is read once, also under two spellings of a local path (``./F``,
   ``d/../F``, a symbolic link: its first spelling is kept).
 - ``numbered_lines`` yields ``(line_bytes, (path, n))`` for every line of a file, in file
-  order (``n`` 1-based); the compact source becomes ``{"kind": "file", "file": path,
+  order (``n`` 1-based; a line longer than the run's ``--max-bytes`` as a ``LongLine`` of its
+  first bytes, never held whole); the compact source becomes ``{"kind": "file", "file": path,
   "line": n}`` in a dead letter (``contracts.parsing.source_object``). The trailing ``\\n``
   (and a ``\\r`` before it) is removed; a line that is then empty is not a message and is
   skipped (NDJSON allows blank separators); every other line is yielded, valid or not. The
@@ -31,7 +32,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.pvalue import PBegin, PCollection
 
 from fanin.contracts.lines import message_lines
-from fanin.contracts.parsing import is_utf8
+from fanin.contracts.parsing import DEFAULT_MAX_BYTES, is_utf8
 from fanin.io.inputs import check_start, input_lines
 
 __all__ = ["ReadNumberedLines", "expand_inputs", "numbered_lines"]
@@ -87,9 +88,11 @@ def _backslashed(pattern: str, matched: Sequence[str]) -> list[str]:
                   - set(matched))
 
 
-def numbered_lines(path: str) -> Iterator[tuple[bytes, Source]]:
-    """The messages of a file (``message_lines``) with their source ``(path, number)``."""
-    with input_lines(path) as lines:
+def numbered_lines(path: str, max_bytes: int = DEFAULT_MAX_BYTES
+                   ) -> Iterator[tuple[bytes, Source]]:
+    """The messages of a file (``message_lines``) with their source ``(path, number)``; one
+    longer than ``max_bytes`` as a ``LongLine`` (``input_lines``)."""
+    with input_lines(path, max_bytes) as lines:
         for line, number in message_lines(lines):
             yield line, (path, number)
 
@@ -99,10 +102,11 @@ class ReadNumberedLines(beam.PTransform[PBegin, PCollection[Any]]):
     A compressed file whose start cannot be decompressed raises ``UnreadableInput`` here, when
     the job is built (``check_start``); the replay's plan reads every line when it is built."""
 
-    def __init__(self, paths: Sequence[str]) -> None:
+    def __init__(self, paths: Sequence[str], max_bytes: int = DEFAULT_MAX_BYTES) -> None:
         super().__init__()
         if not paths:
             raise ValueError("ReadNumberedLines needs at least one path")
+        self._max_bytes = max_bytes
         for path in paths:  # the job reads the files; a wrong format is refused before it runs
             check_start(path)
         self._paths = list(paths)
@@ -111,5 +115,5 @@ class ReadNumberedLines(beam.PTransform[PBegin, PCollection[Any]]):
         return (
             pbegin
             | "Paths" >> beam.Create(self._paths)
-            | "Lines" >> beam.FlatMap(numbered_lines)
+            | "Lines" >> beam.FlatMap(numbered_lines, self._max_bytes)
         )

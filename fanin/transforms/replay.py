@@ -247,7 +247,7 @@ _PARSED: dict[str, dict[str, list[bytes]]] = {}
 _RESULT = FastPrimitivesCoder().get_impl()
 
 
-def _file_lines(path: str, token: str) -> list[tuple[bytes, Source]]:
+def _file_lines(path: str, token: str, max_bytes: int) -> list[tuple[bytes, Source]]:
     """The messages of ``path`` as read for the replay of job ``token``: read once per worker
     process while the replay moves through it, also when its runs alternate with other
     files' (several files merged by event time)."""
@@ -257,7 +257,7 @@ def _file_lines(path: str, token: str) -> list[tuple[bytes, Source]]:
         files = _READ[token] = {}
     lines = files.get(path)
     if lines is None:
-        lines = files[path] = list(numbered_lines(path))
+        lines = files[path] = list(numbered_lines(path, max_bytes))
     return lines
 
 
@@ -270,6 +270,7 @@ class _ParseRuns(beam.DoFn):
         self._counts = counts
         self._token = token
         self._parse = ParseFn(scan.contracts, scan.max_bytes)
+        self._max_bytes = scan.max_bytes
 
     def start_bundle(self) -> None:
         self._parse.start_bundle()
@@ -299,7 +300,7 @@ class _ParseRuns(beam.DoFn):
             for index in range(first, first + count):
                 yield self._parse.counted(*_RESULT.decode(planned[index]))
             return
-        lines = _file_lines(path, self._token)
+        lines = _file_lines(path, self._token, self._max_bytes)
         if len(lines) != self._counts[path]:
             raise RuntimeError(f"--replay: {path} changed while it was replayed "
                                f"({self._counts[path]} messages when the job was built, "

@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fanin.contracts import records as R
+from fanin.contracts.lines import LongLine
 from fanin.contracts.parsing import parse_message, read_join_id
 
 CORPUS = Path(__file__).resolve().parents[1] / "data" / "fuzz_corpus"
@@ -69,3 +70,15 @@ def test_the_fuzz_corpus_is_keyed_as_it_parses() -> None:
     assert files
     for path in files:
         _agree(path.read_bytes())
+
+
+def test_a_long_lines_first_bytes_are_too_large_whatever_they_are() -> None:
+    """A ``LongLine`` (the first bytes of a line longer than the read's limit) that is valid
+    JSON on its own (a message padded with spaces) is keyed by no one and is ``too_large``
+    with the line's size."""
+    first = LongLine(b'{"join_id":"j","branch":"a","status":"ok",'
+                     b'"event_time":"2026-01-01T00:00:00Z"}  ', 5_000_000)
+    assert read_join_id(first, max_bytes=1 << 20) is None
+    record, dead = parse_message(first, SOURCE, frozenset(), 1 << 20)
+    assert record is None and dead is not None
+    assert (dead["error"], dead["detail"]) == ("too_large", "5000000 bytes > limit 1048576")

@@ -153,6 +153,21 @@ def test_publish_reads_a_compressed_file_as_fanin_run_does(
     assert sorted(m.data for m in got) == sorted([OPEN, RECEIPT, b"   ", b"\t", b"not json \xff"])
 
 
+def test_a_line_beyond_pubsubs_limit_fails_alone_and_is_never_held_whole(
+        pubsub_emulator: PubSubEmulator, tmp_path: Path) -> None:
+    """docs/spec.md §1 "Long lines": 50 MB in one line of a small .gz (it was decompressed
+    and held whole, then refused by the client) is one failure; the others are sent."""
+    path = tmp_path / "in.jsonl.gz"
+    path.write_bytes(gzip.compress(OPEN + b"\n" + b"x" * 50_000_000 + b"\n" + RECEIPT + b"\n"))
+    topic, subscription = pubsub_emulator.topic_and_subscription("long-line")
+    done = fanin("publish", "--topic", topic, "--progress-every", "0", str(path))
+    assert (done.returncode, done.stdout) == (1, "sent=2 failed=1\n"), done.stderr
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("failed: 1 x MessageTooLargeError: ") and line.endswith("(line 2)")
+    got = pubsub_emulator.collect(subscription, lambda msgs: len(msgs) >= 2, 30)
+    assert sorted(m.data for m in got) == sorted([OPEN, RECEIPT])
+
+
 def test_a_file_not_of_its_suffixs_format_is_one_line_and_nothing_is_sent(
         pubsub_emulator: PubSubEmulator, tmp_path: Path) -> None:
     path = tmp_path / "in.jsonl.gz"

@@ -250,3 +250,21 @@ def test_a_negative_worker_count_for_beam_is_one_line(tmp_path: Path,
                  "--direct_num_workers", "-1"]) == 2
     assert _one_error_line(capsys, "fanin: error: ") == \
         "fanin: error: --direct_num_workers must be 1 or more (0: as many as the machine has cores)"
+
+
+@pytest.mark.parametrize("mode", [(), ("--replay",)], ids=["bounded", "replay"])
+def test_a_line_far_beyond_the_limit_is_a_dead_letter_of_its_first_bytes(
+        tmp_path: Path, mode: tuple[str, ...]) -> None:
+    """docs/spec.md §1: a message longer than ``--max-bytes`` is ``too_large``; one of many MB
+    is never held whole: its ``raw`` is its first bytes (whole characters), its ``detail``
+    its size. Its first bytes being valid JSON (a message padded with spaces) changes
+    nothing."""
+    padded = _receipt("j", "a")[:-1] + " " * 300 + "}"
+    lines = [_open("j", required=["a"]), _receipt("j", "a"), padded, "é" * 150, "[" + "1," * 90]
+    found = run_cli(lines, tmp_path, "--max-bytes", "200", *mode)
+    letters = sorted((d["error"], d["detail"], d["raw"]) for d in found["dead_letter"])
+    assert letters == sorted([
+        ("too_large", f"{len(padded)} bytes > limit 200", padded[:206]),
+        ("too_large", "300 bytes > limit 200", "é" * 103),
+        ("invalid_json", letters[0][1], "[" + "1," * 90)])
+    assert accounted(found) == messages(lines)
