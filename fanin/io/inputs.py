@@ -58,9 +58,11 @@ class _Streams(io.RawIOBase):
     raise ``EOFError``; an empty file is no stream (no bytes)."""
 
     def __init__(self, raw: BinaryIO, new: Callable[[], Any],
-                 step: Callable[[Any, bytes], tuple[bytes, bytes]], read: int) -> None:
+                 step: Callable[[Any, bytes], tuple[bytes, bytes]], read: int,
+                 padding: bytes = b"") -> None:
         super().__init__()
         self._raw, self._new, self._step_of, self._read = raw, new, step, read
+        self._padding = padding  # bytes that may follow a stream's end (xz's zeros)
         self._stream = new()
         self._input = b""  # compressed bytes not given to the stream yet
         self._begun = False  # the stream was given bytes
@@ -81,12 +83,14 @@ class _Streams(io.RawIOBase):
     def _step(self) -> bool:
         """Decompress one step into ``_made``; False at the end of the data."""
         stream = self._stream
-        if stream.eof:  # the next stream starts after this one's end
-            self._input = stream.unused_data + self._input
-            if not self._input:
-                self._input = self._raw.read(self._read)
-                if not self._input:
+        if stream.eof:  # the next stream starts after this one's end (and its padding)
+            rest = (stream.unused_data + self._input).lstrip(self._padding)
+            while not rest:
+                rest = self._raw.read(self._read)
+                if not rest:
                     return False
+                rest = rest.lstrip(self._padding)
+            self._input = rest
             self._stream, self._begun = self._new(), False
             return True
         hungry = getattr(stream, "needs_input", True)  # (bz2, lzma: output held back)
@@ -127,8 +131,9 @@ def _zstd() -> Any:
     return zstandard.ZstdDecompressor(max_window_size=2**31).decompressobj()
 
 
-# a new decompressor, its step, and how many compressed bytes to read at a time
-_Codec = tuple[Callable[[], Any], Callable[[Any, bytes], tuple[bytes, bytes]], int]
+# a new decompressor, its step, how many compressed bytes to read at a time, and the bytes
+# that may pad a stream's end
+_Codec = tuple[Callable[[], Any], Callable[[Any, bytes], tuple[bytes, bytes]], int, bytes]
 
 
 def _codec(path: str) -> _Codec | None:
@@ -139,11 +144,12 @@ def _codec(path: str) -> _Codec | None:
 
     codecs: dict[str, _Codec] = {
         CompressionTypes.GZIP: (lambda: zlib.decompressobj(zlib.MAX_WBITS | 16), _zlib_step,
-                                _CHUNK),
-        CompressionTypes.DEFLATE: (zlib.decompressobj, _zlib_step, _CHUNK),
-        CompressionTypes.BZIP2: (bz2.BZ2Decompressor, _held_step, _CHUNK),
-        CompressionTypes.LZMA: (lzma.LZMADecompressor, _held_step, _CHUNK),
-        CompressionTypes.ZSTD: (_zstd, _zstd_step, _ZSTD_PIECE),
+                                _CHUNK, b""),
+        CompressionTypes.DEFLATE: (zlib.decompressobj, _zlib_step, _CHUNK, b""),
+        CompressionTypes.BZIP2: (bz2.BZ2Decompressor, _held_step, _CHUNK, b""),
+        # xz's stream padding (zero bytes), as Beam's reader and xz(1) take it
+        CompressionTypes.LZMA: (lzma.LZMADecompressor, _held_step, _CHUNK, b"\0"),
+        CompressionTypes.ZSTD: (_zstd, _zstd_step, _ZSTD_PIECE, b""),
     }
     return codecs.get(CompressionTypes.detect_compression_type(path))
 
@@ -208,8 +214,9 @@ def stream_lines(handle: BinaryIO, max_line_bytes: int, path: str | None = None
                 read += 1
                 yield line
                 continue
+            line = _long_line(readline, line, max_line_bytes)  # (the rest read: then counted)
             read += 1
-            yield _long_line(readline, line, max_line_bytes)
+            yield line
     except Exception as exc:  # the codec's error: zlib.error, lzma.LZMAError, EOFError...
         if path is None:
             raise

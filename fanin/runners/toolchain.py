@@ -283,8 +283,10 @@ def runner_setup_error(exc: BaseException, beam_args: Sequence[str]) -> str | No
 def runner_failure(exc: BaseException, beam_args: Sequence[str]) -> tuple[str, int] | None:
     """One line and an exit code for a failure of the runner rather than of Fanin: what the
     runner starts is not set up (``runner_setup_error``; 2), its job service does not answer
-    (2), or the runner failed the job (1, the runner's first line of why; its log above has
-    the rest). None for any other error: its traceback is Fanin's to show."""
+    (2), an input a worker could not read to its end (2, its one line, as the local runner
+    gives it: ``fanin.io.inputs.UnreadableInput``), or the runner failed the job (1, the
+    runner's first line of why; its log above has the rest). None for any other error: its
+    traceback is Fanin's to show."""
     import grpc
     from apache_beam.options.pipeline_options import PipelineOptions, PortableOptions
 
@@ -298,6 +300,9 @@ def runner_failure(exc: BaseException, beam_args: Sequence[str]) -> tuple[str, i
                 "(--job_endpoint, --job_server_timeout)", 2)
     failed = re.match(r"Pipeline \S+ failed in state (\w+): (.*)", str(exc), re.DOTALL)
     if isinstance(exc, RuntimeError) and failed:
+        unreadable = re.search(r"\bUnreadableInput: (.+)", failed.group(2))
+        if unreadable:  # an input read by a worker (Prism's, Flink's): as on the local runner
+            return unreadable.group(1).strip(), 2
         why = next((line.strip() for line in failed.group(2).splitlines() if line.strip()),
                    "(no reason given)")
         return f"the runner failed the job ({failed.group(1)}): {why}", 1

@@ -251,3 +251,23 @@ def test_a_glob_with_wildcards_in_its_folders_is_left_to_beams_match(
     beams = expand_inputs([str(tmp_path / "**" / "*.jsonl")])
     assert str(tmp_path / "d2" / "b\\c.jsonl") not in beams  # Beam's ``*``: no backslash
     assert str(tmp_path / "d1" / "a.jsonl") in beams
+
+
+def test_xz_stream_padding_is_read_as_xz_and_beams_reader_read_it(tmp_path: Path) -> None:
+    """The xz format lets zero bytes follow a stream: they are no stream cut short."""
+    path = tmp_path / "in.jsonl.xz"
+    path.write_bytes(lzma.compress(b"1\n2\n") + bytes(1024) + lzma.compress(b"3\n") + bytes(8))
+    assert read(path) == [b"1\n", b"2\n", b"3\n"]
+
+
+def test_a_cut_inside_a_long_lines_rest_names_the_line_before_it(tmp_path: Path) -> None:
+    """The long line never came out: the last line read is the one before it."""
+    content = b'{"a":1}\n' + os.urandom(3 << 20).hex().encode() + b"\n" + b'{"b":2}\n'
+    packed = bz2.compress(content)
+    path = tmp_path / "in.jsonl.bz2"
+    path.write_bytes(packed[:len(packed) * 3 // 4])
+    got: list[bytes] = []
+    with pytest.raises(UnreadableInput, match=r"after line 1 \(the file is cut short\)"), \
+            input_lines(str(path), 1000) as lines:
+        got.extend(lines)
+    assert got == [b'{"a":1}\n']

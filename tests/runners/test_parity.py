@@ -209,3 +209,26 @@ def test_flink_cluster_survives_a_killed_taskmanager(flink_cluster: Cluster, inp
     assert files == sorted(p.relative_to(local) for p in local.rglob("*") if p.is_file())
     for name in files:
         assert (out / name).read_bytes() == (local / name).read_bytes(), name
+
+
+def test_an_input_cut_short_is_its_one_line_on_prism_as_locally(
+        prism: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/spec.md §1: a compressed input cut short stops the run with one line naming the
+    last line read, exit 2, on Prism as on the local runner (Prism's failure gave the first
+    line of the worker's traceback, "Traceback (most recent call last):", exit 1)."""
+    import gzip
+    import re
+
+    from tests.runners.conftest import EXAMPLE
+
+    packed = gzip.compress(EXAMPLE.read_bytes())
+    path = tmp_path / "cut.jsonl.gz"
+    path.write_bytes(packed[:len(packed) // 2])
+    expected = re.compile(rf"fanin: error: input {re.escape(str(path))} cannot be decompressed "
+                          r"after line [1-9]\d* \(the file is cut short\) \(EOFError: [^)]+\)"
+                          r"( \[while running '[^']+'\])?")
+    for runner in ([], ["--runner=PrismRunner"]):
+        code = main(["run", "--input", str(path), "--output", str(tmp_path / f"o{len(runner)}"),
+                     "--contracts", str(CONTRACTS), *runner])
+        last = capsys.readouterr().err.strip().splitlines()[-1]
+        assert code == 2 and expected.fullmatch(last), (runner, last)
