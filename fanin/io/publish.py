@@ -6,8 +6,10 @@ Guarantees of ``publish_file``:
   whitespace-only lines kept) of the file as ``fanin run`` reads it (``fanin.io.inputs.
   input_lines``: a ``.gz``, ``.bz2``, ``.zst``, ``.xz``... file decompressed), each published
   with its bytes unchanged, so a line ``fanin run`` dead-letters from a file it dead-letters
-  from Pub/Sub too. A compressed file it cannot decompress raises ``UnreadableInput`` (a
-  ``ValueError``) when reading reaches the damage: the lines before it are published.
+  from Pub/Sub too. A compressed file it cannot decompress (or cut short) raises
+  ``UnreadableInput`` (a ``ValueError``) when reading reaches the damage: the lines before it
+  are published. A line longer than Pub/Sub's limit (``PUBSUB_LINE_BYTES``) is never held
+  whole: its first bytes fail alone, as the client's ``MessageTooLargeError``.
   Attributes: ``event_time`` (a receipt's ``event_time``, an open's ``opened_at``, else the
   other one) and ``message_id`` when the line is a JSON object with such string fields of at
   most 1024 bytes.
