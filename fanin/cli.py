@@ -137,7 +137,9 @@ def _only_where_it_applies(args: argparse.Namespace) -> None:
 def _run(args: argparse.Namespace, beam_args: Sequence[str]) -> int:
     from fanin.contracts.catalog import ContractsError, JoinDefaults
     from fanin.pipelines.pipeline import ConfigError, RunConfig, run_pipeline
+    from fanin.runners.reported_failures import ReportedFailures
 
+    reported = ReportedFailures.install()  # what the run says in one line, not logged again
     logging.getLogger("fanin.close").setLevel(logging.INFO if args.log_closes else logging.WARNING)
     try:
         _only_where_it_applies(args)
@@ -185,7 +187,7 @@ def _run(args: argparse.Namespace, beam_args: Sequence[str]) -> int:
         earlier = _files(args.output) if (args.subscription or args.topic) and \
             "://" not in args.output and not args.overwrite else frozenset()
         try:
-            with _quiet_interrupts():
+            with _quiet_interrupts(), reported.worker_stderr():
                 run_pipeline(config, beam_args, runner)
         except KeyboardInterrupt:
             return _interrupted(args.output)
@@ -324,39 +326,6 @@ def _parser(command: str | None) -> _Parser:
     return parser
 
 
-def _reported_by_fanin(record: logging.LogRecord) -> bool:
-    """A log filter: drop Beam's logs (tracebacks, each retry of the bundle, "Giving up") of
-    what ``fanin run`` reports itself in one line: an input that cannot be read
-    (``fanin.io.inputs.UnreadableInput``), and a step of the job that failed on a file (an
-    ``OSError`` the local runner re-raised as "... [while running 'STEP']": a full disk, a
-    folder made read-only; ``runner_failure``). The local runners log that exception in the
-    record, as an argument, or while handling it; any other record is kept (Beam's retries of
-    a network call, a job service's errors)."""
-    if not record.name.startswith("apache_beam") or record.levelno < logging.WARNING:
-        return True
-    from fanin.io.inputs import UnreadableInput
-
-    found = [record.msg, *(record.args if isinstance(record.args, tuple) else ()),
-             record.exc_info[1] if record.exc_info else None, sys.exc_info()[1]]
-    errors = [error for error in found if isinstance(error, BaseException)]
-    if any(isinstance(error, UnreadableInput) for error in errors):
-        return False
-    in_step = "[while running '" in record.getMessage() or \
-        any("[while running '" in str(error) for error in errors)
-    return not (in_step and any(map(_file_error, errors)))
-
-
-def _file_error(error: BaseException | None) -> bool:
-    """``error`` is, or was raised from or while handling, an ``OSError``."""
-    seen: set[int] = set()
-    while error is not None and id(error) not in seen:
-        if isinstance(error, OSError):
-            return True
-        seen.add(id(error))
-        error = error.__cause__ or error.__context__
-    return False
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """The ``fanin`` command; its exit status. Ctrl-C anywhere (also while it starts, before
     a subcommand handles it) is one line, exit 130. A message that the locale's encoding
@@ -375,8 +344,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: Sequence[str] | None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
     logging.getLogger("fanin").setLevel(logging.INFO)
-    for handler in logging.getLogger().handlers:
-        handler.addFilter(_reported_by_fanin)
     argv = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in argv if not a.startswith("-")), None)
     parser = _parser(command)

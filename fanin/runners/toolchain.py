@@ -38,6 +38,8 @@ import zipfile
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from fanin.runners.reported_failures import UNREADABLE
+
 __all__ = ["FLINK_DIST_VERSION", "FLINK_JOB_SERVER_BEAM_VERSION", "add_subcommand",
            "flink_home", "flink_job_server_jar", "prism_binary", "runner_failure",
            "runner_setup_error",
@@ -300,7 +302,7 @@ def runner_failure(exc: BaseException, beam_args: Sequence[str]) -> tuple[str, i
                 "(--job_endpoint, --job_server_timeout)", 2)
     failed = re.match(r"Pipeline \S+ failed in state (\w+): (.*)", str(exc), re.DOTALL)
     if isinstance(exc, RuntimeError) and failed:
-        unreadable = re.search(r"\bUnreadableInput: (.+)", failed.group(2))
+        unreadable = UNREADABLE.search(failed.group(2))
         if unreadable:  # an input read by a worker (Prism's, Flink's): as on the local runner
             return unreadable.group(1).strip(), 2
         why = next((line.strip() for line in failed.group(2).splitlines() if line.strip()),

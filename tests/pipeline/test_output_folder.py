@@ -323,8 +323,9 @@ def _record(message: str, *args: object, name: str = "apache_beam.runners.direct
 def test_only_a_step_s_file_failure_is_left_out_of_beam_s_log() -> None:
     """The filter that keeps a failed write to one line dropped every Beam warning logged near
     an OSError: a network call's retries, a job service's timeout."""
-    from fanin.cli import _reported_by_fanin
+    from fanin.runners.reported_failures import ReportedFailures
 
+    _reported_by_fanin = ReportedFailures().filter
     step = OSError("cannot write 'o/closes/x.jsonl': No space left on device "
                    "[while running 'Write/closes/WriteFiles']")
     assert not _reported_by_fanin(_record("A task failed with exception: %s", step))
