@@ -282,13 +282,16 @@ def run_pipeline(config: RunConfig, beam_args: Sequence[str],
                              "event-time order, not as they arrived (eager closes and per-join "
                              "limits follow that order; docs/runners.md); the default local "
                              "streaming runner does neither")
-            with collector_for_run():
+            submitted = config.streaming and runner.endswith("DataflowRunner")
+            # a local Pub/Sub read acknowledges what it pulls, from inside p.run(): a signal
+            # drains from before it starts (it lost the first pulls' messages in between)
+            with collector_for_run(), drain_on_signals(drain, _LOG) if drain and not submitted \
+                    else contextlib.nullcontext():
                 result = p.run()
-                if config.streaming and runner.endswith("DataflowRunner"):
+                if submitted:
                     _LOG.info("fanin: streaming job submitted; it runs until drained or cancelled")
                     return result
-                with drain_on_signals(drain, _LOG) if drain else contextlib.nullcontext():
-                    result.wait_until_finish()
+                result.wait_until_finish()
         except BaseException as exc:
             _stopped(exc, result, lock, before, config.output, absent)
             raise

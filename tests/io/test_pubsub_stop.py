@@ -173,3 +173,34 @@ def test_a_backlog_is_read_before_the_clock_decides_its_joins(
     close = _closes(out)["j"]
     assert (close["reason"], close["counts"]["messages"]) == ("complete", 3)
     assert read_outputs(out, "late") == []
+
+
+def test_a_signal_while_the_job_starts_drains_what_was_read(
+    pubsub_emulator: PubSubEmulator, tmp_path: Path
+) -> None:
+    """A Ctrl-C in the first moments of a run, once the read has acknowledged a pull but before
+    Beam's ``Pipeline.run`` returned, drains like any other: the run exits 0 with every message
+    it read in its outputs and the rest left in the subscription. (The drain's handler was
+    installed only after ``run`` returned: that Ctrl-C was "interrupted before it wrote
+    anything", exit 130, and the pulled messages were in no output and no longer in the
+    subscription.) ``tests/support/sigint_in_run.py`` places the signal there."""
+    topic, subscription = pubsub_emulator.topic_and_subscription("early")
+    messages: list[Any] = []
+    for i in range(40):
+        join_id = f"early-{i}"
+        messages += [_open(join_id, 600), _receipt(join_id, "a"), _receipt(join_id, "b")]
+    _publish(pubsub_emulator, topic, messages)
+    out = tmp_path / "out"
+    run = FaninRun(["--subscription", subscription, "--output", str(out), "--window-s", "1"],
+                   tmp_path / "run", launcher=Path(__file__).parents[1] / "support" /
+                   "sigint_in_run.py")
+    try:
+        assert run.wait(DEADLINE_S) == 0, run.stderr()
+    finally:
+        run.stop()
+    assert "draining" in run.stderr() and "Traceback" not in run.stderr(), run.stderr()
+    accounted = _accounted([out])
+    assert accounted["messages"] > 0, run.stderr()  # it read some before the signal
+    left = pubsub_emulator.collect(subscription, lambda got: False, 2.0)
+    assert accounted["messages"] + accounted["late"] + accounted["dead_letter"] + len(left) \
+        == len(messages)

@@ -37,13 +37,17 @@ def read_outputs(output: Path, kind: str) -> list[dict[str, Any]]:
 class FaninRun:
     """One ``fanin run`` child process."""
 
-    def __init__(self, args: list[str], folder: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(self, args: list[str], folder: Path, env: dict[str, str] | None = None,
+                 launcher: Path | None = None) -> None:
+        """``launcher``: a script run in place of ``-m fanin.cli`` (a test double that
+        injects a fault, then calls ``fanin.cli.main``)."""
         folder.mkdir(parents=True, exist_ok=True)
+        program = [str(launcher)] if launcher else ["-m", "fanin.cli"]
         self.stdout_path = folder / "stdout.txt"
         self.stderr_path = folder / "stderr.txt"
         with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "fanin.cli", "run", *args], stdout=out, stderr=err,
+                [sys.executable, *program, "run", *args], stdout=out, stderr=err,
                 stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})},
                 start_new_session=True)
 
