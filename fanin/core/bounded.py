@@ -20,12 +20,14 @@ grouped input), not a million outputs.
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_right
 from collections.abc import Callable, Iterable, Iterator
-from itertools import chain, islice
+from itertools import accumulate, chain, islice
 from typing import Any
 
 from fanin.contracts import records as R
 from fanin.contracts.catalog import Catalog
+from fanin.contracts.timefmt import MAX_MS
 from fanin.core.closing import Closed, Undefined, decide
 from fanin.core.full_join import beyond_limit_outputs, boundary, full_decision
 from fanin.core.outcomes import Output, closed_outputs, rejected_outputs
@@ -71,58 +73,141 @@ def bounded_outputs(records: Iterable[R.Record], catalog: Catalog, max_messages:
     grouped values).
 
     The join is decided in rounds: a round decides the join's records after the previous
-    round's tombstone or undefined decision (all of them, in the first round). With
-    ``on_error``, an exception the core raises while deciding a round does not escape: the
-    outputs of ``on_error(exception, records)`` for that round's records (every record not
-    in an output yet) end the join; one raised while classifying a record beyond the limit
-    gives ``on_error(exception, [record])`` for that record. Without it, the exception
-    propagates. Either way every record is in exactly one output.
+    round's tombstone or undefined decision (all of them, in the first round). Once the
+    records left fit in ``max_messages`` they are held in memory and the rounds left take
+    time linear in them (``_later_rounds``). With ``on_error``, an exception the core raises
+    while deciding a round does not escape: the outputs of ``on_error(exception, records)``
+    for that round's records (every record not in an output yet) end the join; one raised
+    while classifying a record beyond the limit gives ``on_error(exception, [record])`` for
+    that record. Without it, the exception propagates. Either way every record is in exactly
+    one output.
     """
     after: int | None = None  # records at or before it were decided in an earlier round
-    known: list[R.Record] | None = None  # this round's records, when held in memory
     while True:
-        first: list[tuple[Any, ...]] = []
-        if known is None:  # read this round's records: held whole up to max_messages
-            pending = _after(records, after)
-            known = list(islice(pending, max_messages + 1))
-            if len(known) > max_messages:
-                # the first max_messages in arrival order, ties by input position (a stable
-                # sort's order), without holding the others
-                first = heapq.nsmallest(max_messages, (
-                    (arrival_order(r), i, r) for i, r in enumerate(chain(known, pending))))
-                known = None
-        if known is not None and not known:
+        pending = _after(records, after)
+        known = list(islice(pending, max_messages + 1))
+        if len(known) <= max_messages:
+            if known:
+                yield from _held_rounds(known, catalog, max_messages, max_bytes, on_error)
             return
+        # the first max_messages in arrival order, ties by input position (a stable sort's
+        # order), without holding the others
+        first = heapq.nsmallest(max_messages, (
+            (arrival_order(r), i, r) for i, r in enumerate(chain(known, pending))))
+        del known
         try:
-            if known is not None:
-                held, overflow = _held(known, max_messages, max_bytes)
-            else:
-                cut = held_count([r for _, _, r in first], max_messages, max_bytes)
-                held, overflow, last = [r for _, _, r in first[:cut]], [], first[cut - 1][:2]
-            outcome = decide(held, catalog, None)
-            if not isinstance(outcome, (Closed, Undefined)):
-                raise ValueError(f"a bounded join must be decided, not {outcome!r}")
+            cut = held_count([r for _, _, r in first], max_messages, max_bytes)
+            held, last = [r for _, _, r in first[:cut]], first[cut - 1][:2]
+            del first
+            outcome = _decided(held, catalog)
             decided = list(_decided_outputs(outcome))
         except Exception as exc:
             if on_error is None:
                 raise
-            yield from on_error(exc, known if known is not None else _after(records, after))
+            yield from on_error(exc, _after(records, after))
             return
         yield from decided
         full = full_decision(outcome)
         end = boundary(full)
-        if known is not None:  # the next round's records, as the input gave them
-            rest = outcome.reopened if isinstance(outcome, Closed) else outcome.rest
-            beyond: Iterable[R.Record] = overflow
-            known = rest + [r for r in overflow if r[R.TIME] > end]
-        else:
-            beyond = (r for i, r in enumerate(_after(records, after))
-                      if (arrival_order(r), i) > last)
-            known = None
-        for record in beyond:
-            if record[R.TIME] <= end:
+        for i, record in enumerate(_after(records, after)):
+            if (arrival_order(record), i) > last and record[R.TIME] <= end:
                 yield from _beyond_limit(record, full, on_error)
         after = end
+
+
+def _held_rounds(records: list[R.Record], catalog: Catalog, max_messages: int,
+                 max_bytes: int, on_error: OnError | None) -> Iterator[Output]:
+    """The rounds of a join's records held in memory (at most ``max_messages + 1`` of them):
+    the first decided over them all, the others by ``_later_rounds``."""
+    try:
+        held, overflow = _held(records, max_messages, max_bytes)
+        outcome = _decided(held, catalog)
+        decided = list(_decided_outputs(outcome))
+    except Exception as exc:
+        if on_error is None:
+            raise
+        yield from on_error(exc, records)
+        return
+    yield from decided
+    full = full_decision(outcome)
+    end = boundary(full)
+    for record in overflow:
+        if record[R.TIME] <= end:
+            yield from _beyond_limit(record, full, on_error)
+    rest = outcome.reopened if isinstance(outcome, Closed) else outcome.rest
+    later = rest + [r for r in overflow if r[R.TIME] > end]
+    if later:
+        yield from _later_rounds(later, catalog, max_messages, max_bytes, on_error)
+
+
+def _decided(held: list[R.Record], catalog: Catalog) -> Closed | Undefined:
+    """``decide`` of bounded input: always decided."""
+    outcome = decide(held, catalog, None)
+    if not isinstance(outcome, (Closed, Undefined)):
+        raise ValueError(f"a bounded join must be decided, not {outcome!r}")
+    return outcome
+
+
+# records the first try of a later round decides over (doubled while not enough)
+_WINDOW = 32
+
+
+def _later_rounds(records: list[R.Record], catalog: Catalog, max_messages: int,
+                  max_bytes: int, on_error: OnError | None) -> Iterator[Output]:
+    """The rounds after a join's first, its records held in memory: the same outputs as
+    deciding each round over all the records left, in time linear in the records (times the
+    log of a round's size), however many rounds one join id makes (each a fresh join after a
+    tombstone or an undefined decision; deciding each over every record left was quadratic).
+
+    The records are put in arrival order once. A round holds the longest prefix of the records
+    left within ``max_messages`` and ``max_bytes``, and is decided over the first records of
+    that prefix only, as many as make the decision the same as over all of it: a decision
+    over some of them is the decision over all when no record it left out has a time (event
+    time, or a receipt's ``opened_at``) at or before the decision's ``boundary``, for the walk
+    of ``decide`` never reaches past it. Records after the boundary form the next round."""
+    ordered = sorted(records, key=arrival_order)
+    n = len(ordered)
+    times = [record[R.TIME] for record in ordered]
+    sizes = list(accumulate((message_bytes(record) for record in ordered), initial=0))
+    soonest = [0] * n + [MAX_MS + 1]  # the least time a record from each index on can act at
+    for i in range(n - 1, -1, -1):
+        record = ordered[i]
+        opened = record[R.R_OPENED_AT] if record[R.KIND] != R.OPEN else None
+        soonest[i] = min(soonest[i + 1], times[i], times[i] if opened is None else opened)
+    lo = 0
+    while lo < n:
+        # the longest prefix within the limits (the first record always fits)
+        held = min(max_messages, n - lo,
+                   max(1, bisect_right(sizes, sizes[lo] + max_bytes, lo) - 1 - lo))
+        try:
+            outcome = _decided_prefix(ordered, lo, held, soonest, catalog)
+            decided = list(_decided_outputs(outcome))
+            full = full_decision(outcome)
+            end = boundary(full)
+            after = bisect_right(times, end, lo)  # the first record of the next round
+            if after <= lo:
+                raise ValueError(f"a round decided at {end} holds none of its records")
+        except Exception as exc:
+            if on_error is None:
+                raise
+            yield from on_error(exc, ordered[lo:])
+            return
+        yield from decided
+        for i in range(lo + held, after):  # beyond the limits, not after the boundary
+            yield from _beyond_limit(ordered[i], full, on_error)
+        lo = after
+
+
+def _decided_prefix(ordered: list[R.Record], lo: int, held: int, soonest: list[int],
+                    catalog: Catalog) -> Closed | Undefined:
+    """``decide`` over ``ordered[lo:lo + held]``, reading from ``lo`` only as far as the
+    decision needs (``_later_rounds``)."""
+    size = min(held, _WINDOW)
+    while True:
+        outcome = _decided(ordered[lo:lo + size], catalog)
+        if size == held or soonest[lo + size] > boundary(full_decision(outcome)):
+            return outcome
+        size = min(held, 2 * size)
 
 
 def _after(records: Iterable[R.Record], after: int | None) -> Iterator[R.Record]:

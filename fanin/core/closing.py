@@ -133,9 +133,14 @@ def decide(records: list[R.Record], catalog: Catalog, horizon: int | None
     for t in _candidate_times(ordered):
         if deadline is not None and t > deadline:
             return _at_deadline(reducer, ordered, i, deadline, horizon)
-        while i < n and ordered[i][_TIME] == t:
+        j = i
+        while j < n and ordered[j][_TIME] == t:
+            j += 1
+        if j == i + 1:
             add(ordered[i])
-            i += 1
+        elif j > i:  # the records of one millisecond, folded together
+            reducer.add_all(ordered[i:j])
+        i = j
         if not i:  # a receipt's opened_at before every record: nothing is known yet
             continue
         deadline = _deadline(reducer)

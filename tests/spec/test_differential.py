@@ -14,13 +14,22 @@ import json
 import os
 import random
 from pathlib import Path
+from unittest import mock
 
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from spec.invariants import check_run
-from spec.joins import CONTRACTS_YAML, J28, HypothesisDraw, RandomDraw, batch_lines
+from spec.joins import (
+    BASE_MS,
+    CONTRACTS_YAML,
+    J28,
+    HypothesisDraw,
+    RandomDraw,
+    batch_lines,
+    join_messages,
+)
 from spec.reference import Env, reference_outputs
 from spec.runs import arrival_order, assert_same, bounded_run, core_run, replay_run
 
@@ -40,6 +49,31 @@ def test_core_equals_reference(data: st.DataObject) -> None:
     draw = HypothesisDraw(data)
     lines = batch_lines(draw, joins=draw.integer(1, 3), spacing_ms=draw.pick([0, 3000]))
     assert_same(lines, ENV, {"core": core_run(lines, ENV)})
+
+
+@settings(max_examples=max(30, EXAMPLES // 3), deadline=None, database=None, phases=PHASES,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(st.data())
+def test_one_join_id_over_many_rounds_equals_reference(data: st.DataObject) -> None:
+    """One join id reused by several fan-outs, near each other or far apart: rounds after
+    closes, tombstones and undefined joins, within and beyond small per-join limits (the core
+    decides the rounds after the first in one ordered pass, ``_later_rounds``)."""
+    draw = HypothesisDraw(data)
+    env = Env(CONTRACTS_YAML, max_messages_per_join=draw.pick([100_000, 2, 5]),
+              max_bytes_per_join=draw.pick([16 * 1024 * 1024, 900]))
+    spacing_ms = draw.pick([0, 1_000, 20_000, 45_000, 200_000])
+    lines = []
+    for k in range(draw.integer(2, 7)):
+        lines += [json.dumps({**m, "join_id": "j"}, ensure_ascii=False)
+                  for m in join_messages(draw, "j", BASE_MS + spacing_ms * k)]
+    order = draw.pick(["file", "shuffled", "reversed"])
+    if order == "shuffled":
+        lines = [lines[i] for i in sorted(range(len(lines)), key=lambda _: draw.integer(0, 99))]
+    elif order == "reversed":
+        lines.reverse()
+    with mock.patch("fanin.core.bounded._WINDOW", 1):  # every round's window grows
+        narrow = core_run(lines, env)
+    assert_same(lines, env, {"core": core_run(lines, env), "core, window 1": narrow})
 
 
 _pipeline_settings = settings(max_examples=max(1, EXAMPLES // JOINS_PER_RUN), deadline=None,
