@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-__all__ = ["LongLine", "message_lines"]
+__all__ = ["LongLine", "message_lines", "whole_characters"]
 
 _BOM = b"\xef\xbb\xbf"
 
@@ -25,6 +25,14 @@ class LongLine(bytes):
         line = super().__new__(cls, first)
         line.size = size
         return line
+
+    @classmethod
+    def of(cls, line: bytes, max_bytes: int, size: int | None = None) -> LongLine:
+        """The ``LongLine`` of a line whose first bytes (at least ``max_bytes + 6`` of them,
+        or all) are ``line``: its first ``max_bytes + 6`` bytes, less the start of a UTF-8
+        character the cut splits; ``size``: the line's length (default ``len(line)``). A file's
+        line and a Pub/Sub message of the same bytes keep the same first bytes."""
+        return cls(whole_characters(line[:max_bytes + 6]), len(line) if size is None else size)
 
     def __reduce__(self) -> tuple[type[LongLine], tuple[bytes, int]]:
         """Pickled (and so through Beam's coders) as itself."""
@@ -47,3 +55,13 @@ def message_lines(handle: Iterable[bytes]) -> Iterator[tuple[bytes, int]]:
                 line = line[:-1]
         if line:
             yield line, number
+
+
+def whole_characters(first: bytes) -> bytes:
+    """``first`` without the start of a UTF-8 character its end cuts (at most 3 bytes)."""
+    try:
+        first.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if exc.reason == "unexpected end of data":
+            return first[:exc.start]
+    return first

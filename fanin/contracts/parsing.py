@@ -254,10 +254,10 @@ def parse_message(data: bytes | str, source: Source, contracts: Container[str], 
                   ) -> tuple[R.Record | None, dict[str, Any] | None]:
     """Validate one message. Returns ``(record, None)`` or ``(None, dead_letter)``."""
     if isinstance(data, bytes):
-        if len(data) > max_bytes or type(data) is LongLine:  # (its first bytes, its size)
-            size = data.size if type(data) is LongLine else len(data)
-            return None, dead_letter("too_large", f"{size} bytes > limit {max_bytes}", data,
-                                     source)
+        if len(data) > max_bytes or type(data) is LongLine:  # its first bytes, its size
+            line = data if type(data) is LongLine else LongLine.of(data, max_bytes)
+            return None, dead_letter("too_large", f"{line.size} bytes > limit {max_bytes}",
+                                     line, source)
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError as exc:
@@ -268,8 +268,9 @@ def parse_message(data: bytes | str, source: Source, contracts: Container[str], 
         except UnicodeEncodeError:  # a lone surrogate: not UTF-8; keep the exact code points
             return parse_message(data.encode("utf-8", "surrogatepass"), source, contracts,
                                  max_bytes)
-        if size > max_bytes:
-            return None, dead_letter("too_large", f"{size} bytes > limit {max_bytes}", data,
+        if size > max_bytes:  # its first bytes, as for bytes (it is UTF-8: it was encoded)
+            first = LongLine.of(data.encode("utf-8"), max_bytes).decode("utf-8")
+            return None, dead_letter("too_large", f"{size} bytes > limit {max_bytes}", first,
                                      source)
         text = data
         if size == 0 and not is_utf8(text):

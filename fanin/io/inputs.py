@@ -235,17 +235,7 @@ def _long_line(readline: Callable[[int], bytes], first: bytes, max_line_bytes: i
         before, chunk = chunk, more
     if chunk.endswith(b"\n"):
         size -= 2 if (chunk[-2:-1] or before[-1:]) == b"\r" else 1
-    return LongLine(_whole_characters(first[:size]), size)  # (a "\r" of its ending: not)
-
-
-def _whole_characters(first: bytes) -> bytes:
-    """``first`` without the start of a UTF-8 character its end cuts (at most 3 bytes)."""
-    try:
-        first.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        if exc.reason == "unexpected end of data":
-            return first[:exc.start]
-    return first
+    return LongLine.of(first[:size], max_line_bytes, size)  # (a "\r" of its ending: not)
 
 
 def _unreadable(path: str, read: int, exc: Exception) -> UnreadableInput:

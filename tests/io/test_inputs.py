@@ -271,3 +271,30 @@ def test_a_cut_inside_a_long_lines_rest_names_the_line_before_it(tmp_path: Path)
             input_lines(str(path), 1000) as lines:
         got.extend(lines)
     assert got == [b'{"a":1}\n']
+
+
+@pytest.mark.parametrize("line", [b"x" * 5000, "é".encode() * 2000, b"\xff" * 3000,
+                                  b'{"join_id": "j", "value": "' + b"v" * 4000 + b'"}'])
+def test_a_message_too_large_keeps_the_same_first_bytes_from_a_file_and_from_pub_sub(
+        tmp_path: Path, line: bytes) -> None:
+    """docs/spec.md §1 "Long lines": a Pub/Sub message (its whole data, one bytes value)
+    beyond ``--max-bytes`` gives the dead letter the same line read from a file gives: its
+    first bytes and its full size (it kept the whole message: a 10 MB message of ``\\xff``
+    made a 43 MB dead-letter line)."""
+    from fanin.contracts.lines import message_lines
+    from fanin.contracts.parsing import parse_message
+
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(line + b"\n")
+    with input_lines(str(path), 1000) as lines:
+        [(from_file, _)] = list(message_lines(lines))
+    source = {"kind": "pubsub"}
+    letters = [parse_message(data, source, (), 1000)[1] for data in (from_file, line)]
+    assert letters[0] == letters[1] and letters[0] is not None
+    letter = letters[0]
+    kept = base64.b64decode(letter["raw_base64"]) if "raw_base64" in letter else \
+        letter["raw"].encode()
+    assert 1000 < len(kept) <= 1006 and line.startswith(kept)
+    assert letters[0]["detail"] == f"{len(line)} bytes > limit 1000"
+    text = parse_message(line.decode(), source, (), 1000)[1] if line.isascii() else None
+    assert text is None or text == letters[0]  # a message given as text: the same
