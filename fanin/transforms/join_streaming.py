@@ -157,8 +157,7 @@ class JoinDoFn(_Counting):
                  ) -> JoinReducer:
         """A cache miss: fold the bag's records into a fresh reducer and remember it."""
         reducer = _core(JoinReducer, self._catalog)
-        for record in records:
-            _core(reducer.add, record)
+        _core(reducer.add_all, records)  # (its opens recount the join once)
         self._remember(join_id, epoch, count, reducer, records,
                        max(record[R.TIME] for record in records))
         return reducer
