@@ -64,13 +64,17 @@ class ReportedFailures(logging.Filter):
         found = [record.msg, *(record.args if isinstance(record.args, tuple) else ()),
                  record.exc_info[1] if record.exc_info else None, sys.exc_info()[1]]
         errors = [error for error in found if isinstance(error, BaseException)]
+        try:
+            text = record.getMessage()
+        except Exception:  # arguments that do not fit the message: the handler reports it
+            text = str(record.msg)
         if self.unreadable or any(isinstance(error, UnreadableInput) for error in errors) or \
-                UNREADABLE.search(record.getMessage()):
+                UNREADABLE.search(text):
             self.unreadable = True
             return False
         if not record.name.startswith("apache_beam") or record.levelno < logging.WARNING:
             return True
-        in_step = "[while running '" in record.getMessage() or \
+        in_step = "[while running '" in text or \
             any("[while running '" in str(error) for error in errors)
         return not (in_step and any(map(_file_error, errors)))
 

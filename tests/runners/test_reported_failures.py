@@ -89,3 +89,14 @@ def test_the_worker_s_printed_traceback_is_dropped_with_its_newline(
     assert stream.getvalue() == ("Traceback (most recent call last):\n  File ...\n"
                                  "ValueError: other\nprogress\nafter\n")
     assert reported.unreadable
+
+
+def test_a_record_whose_arguments_do_not_fit_is_left_to_the_handler() -> None:
+    """A library's log call with arguments its message cannot take: the filter decides on
+    the message as written (the handler then reports the logging error, as without it)."""
+    reported = ReportedFailures()
+    bad = logging.LogRecord("grpc", logging.WARNING, __file__, 1, "%d channels", ("x",), None)
+    assert reported.filter(bad)
+    relayed = logging.LogRecord("PrismRunner", logging.ERROR, __file__, 1, _RELAYED + " %d",
+                                ("x",), None)
+    assert not reported.filter(relayed)
