@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import heapq
 from bisect import bisect_right
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from itertools import accumulate, chain, islice
 from typing import Any
 
@@ -95,11 +95,12 @@ def bounded_outputs(records: Iterable[R.Record], catalog: Catalog, max_messages:
         first = heapq.nsmallest(max_messages, (
             (arrival_order(r), i, r) for i, r in enumerate(chain(known, pending))))
         del known
+        ordered, edge = [r for _, _, r in first], first[-1][:2]
         try:
-            cut = held_count([r for _, _, r in first], max_messages, max_bytes)
-            held, last = [r for _, _, r in first[:cut]], first[cut - 1][:2]
+            cut = held_count(ordered, max_messages, max_bytes)
+            last = first[cut - 1][:2]
             del first
-            outcome = _decided(held, catalog)
+            outcome = _decided(ordered[:cut], catalog)
             decided = list(_decided_outputs(outcome))
         except Exception as exc:
             if on_error is None:
@@ -109,10 +110,18 @@ def bounded_outputs(records: Iterable[R.Record], catalog: Catalog, max_messages:
         yield from decided
         full = full_decision(outcome)
         end = boundary(full)
+        outside = MAX_MS + 1  # the least event time of a record not in ``ordered``
         for i, record in enumerate(_after(records, after)):
-            if (arrival_order(record), i) > last and record[R.TIME] <= end:
+            key = (arrival_order(record), i)
+            if key > last and record[R.TIME] <= end:
                 yield from _beyond_limit(record, full, on_error)
-        after = end
+            if key > edge:
+                outside = min(outside, record[R.TIME])
+        # the next rounds, as far as the records held decide them
+        start = bisect_right([r[R.TIME] for r in ordered], end)
+        decided_to = yield from _rounds(ordered, start, outside, catalog, max_messages,
+                                        max_bytes, on_error)
+        after = end if decided_to is None else decided_to
 
 
 def _held_rounds(records: list[R.Record], catalog: Catalog, max_messages: int,
@@ -157,30 +166,42 @@ def _later_rounds(records: list[R.Record], catalog: Catalog, max_messages: int,
     """The rounds after a join's first, its records held in memory: the same outputs as
     deciding each round over all the records left, in time linear in the records (times the
     log of a round's size), however many rounds one join id makes (each a fresh join after a
-    tombstone or an undefined decision; deciding each over every record left was quadratic).
+    tombstone or an undefined decision; deciding each over every record left was quadratic)."""
+    yield from _rounds(sorted(records, key=arrival_order), 0, None, catalog, max_messages,
+                       max_bytes, on_error)
 
-    The records are put in arrival order once. A round holds the longest prefix of the records
-    left within ``max_messages`` and ``max_bytes``, and is decided over the first records of
-    that prefix only, as many as make the decision the same as over all of it: a decision
-    over some of them is the decision over all when no record it left out has a time (event
-    time, or a receipt's ``opened_at``) at or before the decision's ``boundary``, for the walk
-    of ``decide`` never reaches past it. Records after the boundary form the next round."""
-    ordered = sorted(records, key=arrival_order)
+
+def _rounds(ordered: list[R.Record], lo: int, outside: int | None, catalog: Catalog,
+            max_messages: int, max_bytes: int, on_error: OnError | None
+            ) -> Generator[Output, None, int | None]:
+    """The rounds of ``ordered[lo:]`` (records in arrival order); returns the boundary of the
+    last round decided (None: none).
+
+    ``outside`` is None when ``ordered`` holds every record left; else it is the least event
+    time of a record not in it, all of them after ``ordered`` in arrival order (a hot join:
+    they are not held). A round holds the longest prefix of the records left within
+    ``max_messages`` and ``max_bytes``, and is decided over the first records of that prefix
+    only, as many as make the decision the same as over all of it: a decision over some of
+    them is the decision over all when every record it left out has an event time after the
+    decision's ``boundary``: ``decide``'s walk folds a record at its event time, and one not
+    folded by the decision (a receipt's earlier ``opened_at`` included) changes nothing of
+    it. Records after the boundary form the next round. With ``outside``,
+    the rounds stop (and the caller reads the records again) at the first round a record not
+    held could change or fall in, or that raises."""
     n = len(ordered)
     times = [record[R.TIME] for record in ordered]
     sizes = list(accumulate((message_bytes(record) for record in ordered), initial=0))
-    soonest = [0] * n + [MAX_MS + 1]  # the least time a record from each index on can act at
-    for i in range(n - 1, -1, -1):
-        record = ordered[i]
-        opened = record[R.R_OPENED_AT] if record[R.KIND] != R.OPEN else None
-        soonest[i] = min(soonest[i + 1], times[i], times[i] if opened is None else opened)
-    lo = 0
+    # the event time of the record after each index (after the last: what is not held)
+    following = [*times[1:], MAX_MS + 1 if outside is None else outside]
+    last: int | None = None
     while lo < n:
         # the longest prefix within the limits (the first record always fits)
         held = min(max_messages, n - lo,
                    max(1, bisect_right(sizes, sizes[lo] + max_bytes, lo) - 1 - lo))
         try:
-            outcome = _decided_prefix(ordered, lo, held, soonest, catalog)
+            outcome = _decided_prefix(ordered, lo, held, following, catalog, outside)
+            if outcome is None:
+                return last
             decided = list(_decided_outputs(outcome))
             full = full_decision(outcome)
             end = boundary(full)
@@ -188,25 +209,35 @@ def _later_rounds(records: list[R.Record], catalog: Catalog, max_messages: int,
             if after <= lo:
                 raise ValueError(f"a round decided at {end} holds none of its records")
         except Exception as exc:
+            if outside is not None:  # decided again from the records read again
+                return last
             if on_error is None:
                 raise
             yield from on_error(exc, ordered[lo:])
-            return
+            return None
         yield from decided
         for i in range(lo + held, after):  # beyond the limits, not after the boundary
             yield from _beyond_limit(ordered[i], full, on_error)
-        lo = after
+        last, lo = end, after
+    return last
 
 
-def _decided_prefix(ordered: list[R.Record], lo: int, held: int, soonest: list[int],
-                    catalog: Catalog) -> Closed | Undefined:
-    """``decide`` over ``ordered[lo:lo + held]``, reading from ``lo`` only as far as the
-    decision needs (``_later_rounds``)."""
+def _decided_prefix(ordered: list[R.Record], lo: int, held: int, following: list[int],
+                    catalog: Catalog, outside: int | None) -> Closed | Undefined | None:
+    """``decide`` over the round's ``held`` records from ``lo``, reading only as far as the
+    decision needs (``_rounds``); None when records not held could change it, or fall in it
+    beyond its limits (``outside`` at or before the boundary)."""
+    # the held prefix is known whole: every record left is held, or the limits end it here
+    known = outside is None or held < len(ordered) - lo
     size = min(held, _WINDOW)
     while True:
         outcome = _decided(ordered[lo:lo + size], catalog)
-        if size == held or soonest[lo + size] > boundary(full_decision(outcome)):
+        end = boundary(full_decision(outcome))
+        whole = following[lo + size - 1] > end or (size == held and known)
+        if whole and (outside is None or outside > end):
             return outcome
+        if size == held:
+            return None
         size = min(held, 2 * size)
 
 

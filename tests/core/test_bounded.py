@@ -9,7 +9,7 @@ from typing import Any
 from unittest import mock
 
 import pytest
-from support.builders import make_catalog, open_msg, receipt, records
+from support.builders import make_catalog, open_msg, receipt, records, ts
 
 from fanin.contracts import records as R
 from fanin.core import bounded
@@ -136,7 +136,10 @@ def test_one_join_id_reused_over_many_rounds_takes_work_linear_in_its_records() 
     rounds. Each round was decided over every record left (16,000 such receipts took 39 s,
     32,000 over 150 s); now over the few records its decision needs."""
     catalog = make_catalog()
-    recs = records([receipt("a", 31 * i) for i in range(2000)], catalog)
+    # and a straggler after them all that names the first one's time as its opened_at: it
+    # acts on no round before its own (a window that waited for it grew to every record)
+    recs = records([receipt("a", 31 * i) for i in range(2000)] +
+                   [receipt("b", 31 * 2000 + 5, opened_at=ts(0))], catalog)
     decided: list[int] = []
     real = bounded.decide
 
@@ -146,7 +149,7 @@ def test_one_join_id_reused_over_many_rounds_takes_work_linear_in_its_records() 
 
     with mock.patch.object(bounded, "decide", counting):
         outputs = list(bounded_outputs(recs, catalog, 100_000, 16 << 20))
-    assert kinds(outputs) == Counter({"undefined_join": 2000})
+    assert kinds(outputs) == Counter({"undefined_join": 2001})
     assert len(decided) <= 2 * 2000 and sum(decided) <= 40 * 2000, sum(decided)
 
 
@@ -174,3 +177,16 @@ def test_opens_of_one_millisecond_recount_the_join_once() -> None:
     [(kind, close)] = outputs
     assert kind == "closes" and close["counts"]["messages"] == 2000
     assert calls <= 10 * 1000, calls
+
+
+def test_a_hot_join_id_over_many_rounds_reads_its_records_a_few_times_per_limit() -> None:
+    """2,000 receipts of one join id 31 s apart, each its own (undefined) round, at a limit
+    of 50 messages: a join beyond its limit is not held whole, so its records are read again
+    for a round — but the rounds the records held can decide are decided from them (one read
+    and one more for what is beyond the limit per ~50 rounds; it read them twice per round,
+    ~4,000 times)."""
+    catalog = make_catalog()
+    join = Reads(records([receipt("a", 31 * i) for i in range(2000)], catalog))
+    outputs = list(bounded_outputs(join, catalog, 50, 16 << 20))
+    assert kinds(outputs) == Counter({"undefined_join": 2000})
+    assert join.reads <= 4 * 2000 // 50 + 4, join.reads
