@@ -13,9 +13,11 @@ Guarantees (``ReportedFailures``, installed on the root logger's handlers for on
 - records of Fanin's own loggers (``fanin``, ``fanin.*``) always pass;
 - a record that carries an ``UnreadableInput`` (as the record's message, an argument, its
   exception, or the exception being handled where it is logged), or whose text names one
-  (``UnreadableInput: ...``, a traceback relayed as text), is dropped, and so is every later
-  record of another logger in the process (the runner's reports of the failed bundle and job,
-  its job server's shutdown), so that ``fanin run``'s line is the run's last;
+  (``UnreadableInput: ...``, a traceback relayed as text), is dropped; after one, so is
+  every later record of Prism's relay of its own log (``PrismRunner``: the failed bundle and
+  job) and of Beam's job-server processes (their shutdown), so that ``fanin run``'s line is
+  the run's last; every other logger's later records pass (a runner that retries the bundle,
+  Dataflow's, goes on logging what matters);
 - a record of Beam's loggers at WARNING or above that logs an ``OSError`` of a step is dropped;
 - any other record passes (Beam's retries of a network call, a job service's errors).
 
@@ -30,13 +32,20 @@ import contextlib
 import logging
 import re
 import sys
+import threading
 from collections.abc import Iterator
+from types import TracebackType
 from typing import Any, TextIO
 
 __all__ = ["UNREADABLE", "ReportedFailures"]
 
 # an UnreadableInput as a traceback gives it, as text: its message is group 1
 UNREADABLE = re.compile(r"\bUnreadableInput: (.+)")
+
+
+# the loggers of what the runner says of a failed job after the worker's error (Prism's log,
+# the job servers' processes)
+_RELAYS = frozenset({"PrismRunner", "apache_beam.utils.subprocess_server"})
 
 
 class ReportedFailures(logging.Filter):
@@ -68,9 +77,11 @@ class ReportedFailures(logging.Filter):
             text = record.getMessage()
         except Exception:  # arguments that do not fit the message: the handler reports it
             text = str(record.msg)
-        if self.unreadable or any(isinstance(error, UnreadableInput) for error in errors) or \
+        if any(isinstance(error, UnreadableInput) for error in errors) or \
                 UNREADABLE.search(text):
             self.unreadable = True
+            return False
+        if self.unreadable and record.name in _RELAYS:
             return False
         if not record.name.startswith("apache_beam") or record.levelno < logging.WARNING:
             return True
@@ -93,20 +104,29 @@ class ReportedFailures(logging.Filter):
 
 
 class _WorkerStderr:
-    """Standard error, less a printed traceback that names an ``UnreadableInput``."""
+    """Standard error, less a printed traceback that names an ``UnreadableInput`` (and the
+    newline ``print`` writes after it, in the same thread); anything else is the stream's."""
 
     def __init__(self, stream: TextIO, reported: ReportedFailures) -> None:
-        self._stream, self._reported, self._dropped = stream, reported, False
+        self._stream, self._reported = stream, reported
+        self._dropped = threading.local()  # .last: this thread's last write was dropped
 
     def write(self, text: str) -> int:
+        dropped = getattr(self._dropped, "last", False)
+        self._dropped.last = False
         if text.startswith("Traceback (most recent call last):") and UNREADABLE.search(text):
-            self._reported.unreadable, self._dropped = True, True
+            self._reported.unreadable = self._dropped.last = True
             return len(text)
-        if self._dropped and text == "\n":  # print's end after the dropped traceback
-            self._dropped = False
+        if dropped and text == "\n":  # print's end after the dropped traceback
             return len(text)
-        self._dropped = False
         return self._stream.write(text)
+
+    def __enter__(self) -> _WorkerStderr:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        self._stream.__exit__(kind, error, trace)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)

@@ -39,6 +39,20 @@ def test_a_relayed_traceback_drops_it_and_the_runner_s_later_records() -> None:
     assert reported.filter(_record("x", "fanin.transforms.write", logging.WARNING))
 
 
+def test_other_loggers_are_heard_after_an_unreadable_input() -> None:
+    """Only Prism's relay and the job servers' processes are silenced after an unreadable
+    input: a runner that retries the work (Dataflow relays a worker's error, then goes on)
+    still logs what follows, and a later library warning is kept (it dropped every logger's
+    records for the rest of the process)."""
+    reported = ReportedFailures()
+    assert not reported.filter(_record("Error: " + _RELAYED + " (will be retried)",
+                                       "apache_beam.runners.dataflow.dataflow_runner"))
+    assert reported.filter(_record("Workflow failed: out of memory in stage F12",
+                                   "apache_beam.runners.dataflow.dataflow_runner"))
+    assert reported.filter(_record("token refresh failed", "google.auth", logging.WARNING))
+    assert reported.filter(_record("quota exceeded", "root", logging.WARNING))
+
+
 def test_an_unreadable_input_logged_as_an_exception_is_dropped() -> None:
     reported = ReportedFailures()
     error = UnreadableInput("input a.gz cannot be decompressed after line 1")
@@ -100,3 +114,20 @@ def test_a_record_whose_arguments_do_not_fit_is_left_to_the_handler() -> None:
     relayed = logging.LogRecord("PrismRunner", logging.ERROR, __file__, 1, _RELAYED + " %d",
                                 ("x",), None)
     assert not reported.filter(relayed)
+
+
+def test_a_newline_of_another_thread_is_not_taken_for_the_traceback_s(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The newline ``print`` writes after the dropped traceback is dropped in the thread that
+    printed it only; another thread's lone newline written in between is kept."""
+    import threading
+
+    stream = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", stream)
+    with ReportedFailures().worker_stderr():
+        sys.stderr.write(_RELAYED.split(":", 1)[1])
+        other = threading.Thread(target=lambda: sys.stderr.write("\n"))
+        other.start()
+        other.join()
+        sys.stderr.write("next\n")
+    assert stream.getvalue() == "\nnext\n"  # (it was "next\n": the other's newline taken)
