@@ -68,9 +68,9 @@ def bounded_outputs(records: Iterable[R.Record], catalog: Catalog, max_messages:
 
     ``records`` is iterated once when the join is within ``max_messages``. A decision over
     more records than that reads them twice (for the first ``max_messages`` in arrival order,
-    then for the rest as they stream by) and the next decision reads them again, so
-    ``records`` must give the same records in the same order each time (a list, or Beam's
-    grouped values).
+    then for the rest as they stream by); the rounds after it that those first records decide
+    are decided from them, and the next one reads the records again. So ``records`` must give
+    the same records in the same order each time (a list, or Beam's grouped values).
 
     The join is decided in rounds: a round decides the join's records after the previous
     round's tombstone or undefined decision (all of them, in the first round). Once the
@@ -185,9 +185,9 @@ def _rounds(ordered: list[R.Record], lo: int, outside: int | None, catalog: Cata
     them is the decision over all when every record it left out has an event time after the
     decision's ``boundary``: ``decide``'s walk folds a record at its event time, and one not
     folded by the decision (a receipt's earlier ``opened_at`` included) changes nothing of
-    it. Records after the boundary form the next round. With ``outside``,
-    the rounds stop (and the caller reads the records again) at the first round a record not
-    held could change or fall in, or that raises."""
+    it. Records after the boundary form the next round. With ``outside``, the rounds stop (and
+    the caller reads the records again) at the first round a record not held could change or
+    fall in, or that raises."""
     n = len(ordered)
     times = [record[R.TIME] for record in ordered]
     sizes = list(accumulate((message_bytes(record) for record in ordered), initial=0))
