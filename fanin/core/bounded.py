@@ -118,8 +118,7 @@ def bounded_outputs(records: Iterable[R.Record], catalog: Catalog, max_messages:
             if key > edge:
                 outside = min(outside, record[R.TIME])
         # the next rounds, as far as the records held decide them
-        start = bisect_right([r[R.TIME] for r in ordered], end)
-        decided_to = yield from _rounds(ordered, start, outside, catalog, max_messages,
+        decided_to = yield from _rounds(ordered, end, outside, catalog, max_messages,
                                         max_bytes, on_error)
         after = end if decided_to is None else decided_to
 
@@ -167,15 +166,16 @@ def _later_rounds(records: list[R.Record], catalog: Catalog, max_messages: int,
     deciding each round over all the records left, in time linear in the records (times the
     log of a round's size), however many rounds one join id makes (each a fresh join after a
     tombstone or an undefined decision; deciding each over every record left was quadratic)."""
-    yield from _rounds(sorted(records, key=arrival_order), 0, None, catalog, max_messages,
+    yield from _rounds(sorted(records, key=arrival_order), None, None, catalog, max_messages,
                        max_bytes, on_error)
 
 
-def _rounds(ordered: list[R.Record], lo: int, outside: int | None, catalog: Catalog,
-            max_messages: int, max_bytes: int, on_error: OnError | None
+def _rounds(ordered: list[R.Record], since: int | None, outside: int | None,
+            catalog: Catalog, max_messages: int, max_bytes: int, on_error: OnError | None
             ) -> Generator[Output, None, int | None]:
-    """The rounds of ``ordered[lo:]`` (records in arrival order); returns the boundary of the
-    last round decided (None: none).
+    """The rounds of the records of ``ordered`` (in arrival order) after ``since`` (the
+    boundary of the round decided before them; None: all of them); returns the boundary of
+    the last round decided (None: none).
 
     ``outside`` is None when ``ordered`` holds every record left; else it is the least event
     time of a record not in it, all of them after ``ordered`` in arrival order (a hot join:
@@ -193,6 +193,7 @@ def _rounds(ordered: list[R.Record], lo: int, outside: int | None, catalog: Cata
     sizes = list(accumulate((message_bytes(record) for record in ordered), initial=0))
     # the event time of the record after each index (after the last: what is not held)
     following = [*times[1:], MAX_MS + 1 if outside is None else outside]
+    lo = 0 if since is None else bisect_right(times, since)
     last: int | None = None
     while lo < n:
         # the longest prefix within the limits (the first record always fits)
