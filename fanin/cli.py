@@ -187,7 +187,7 @@ def _run(args: argparse.Namespace, beam_args: Sequence[str]) -> int:
         earlier = _files(args.output) if (args.subscription or args.topic) and \
             "://" not in args.output and not args.overwrite else frozenset()
         try:
-            with _quiet_interrupts(), reported.worker_stderr():
+            with _quiet_interrupts(), reported.worker_stderr(beam_args):
                 run_pipeline(config, beam_args, runner)
         except KeyboardInterrupt:
             return _interrupted(args.output)

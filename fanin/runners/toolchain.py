@@ -25,7 +25,6 @@ Guarantees:
 from __future__ import annotations
 
 import argparse
-import builtins
 import os
 import platform
 import re
@@ -38,7 +37,12 @@ import zipfile
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from fanin.runners.reported_failures import UNREADABLE
+from fanin.runners.reported_failures import (
+    OS_ERRORS,
+    UNREADABLE,
+    step_file_error,
+    worker_unreadable,
+)
 
 __all__ = ["FLINK_DIST_VERSION", "FLINK_JOB_SERVER_BEAM_VERSION", "add_subcommand",
            "flink_home", "flink_job_server_jar", "prism_binary", "runner_failure",
@@ -308,18 +312,20 @@ def runner_failure(exc: BaseException, beam_args: Sequence[str]) -> tuple[str, i
         why = next((line.strip() for line in failed.group(2).splitlines() if line.strip()),
                    "(no reason given)")
         return f"the runner failed the job ({failed.group(1)}): {why}", 1
+    if isinstance(exc, RuntimeError):  # a worker's traceback, as the local runner relays it
+        read_error = worker_unreadable(str(exc))  # from its workers (--direct_num_workers 2)
+        if read_error is not None:
+            return read_error, 2
+        step = step_file_error(str(exc))
+        if step is not None:
+            return f"the job failed reading or writing files: {step}", 1
     first = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
     # an OSError of a step, as the local runner re-raises it: "... [while running 'STEP']",
     # an OSError again when its message is text, else "OSError: ..." in a RuntimeError
     if "[while running '" in first and (isinstance(exc, OSError) or (
-            isinstance(exc, RuntimeError) and first.split(":", 1)[0] in _OS_ERRORS)):
+            isinstance(exc, RuntimeError) and first.split(":", 1)[0] in OS_ERRORS)):
         return f"the job failed reading or writing files: {first}", 1
     return None
-
-
-# the names of Python's OSError classes (a full disk, a file too large, permissions...)
-_OS_ERRORS = frozenset(name for name, value in vars(builtins).items()
-                       if isinstance(value, type) and issubclass(value, OSError))
 
 
 def _setup(args: argparse.Namespace) -> int:

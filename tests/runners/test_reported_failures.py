@@ -131,3 +131,108 @@ def test_a_newline_of_another_thread_is_not_taken_for_the_traceback_s(
         other.join()
         sys.stderr.write("next\n")
     assert stream.getvalue() == "\nnext\n"  # (it was "next\n": the other's newline taken)
+
+
+_STEP_FAILURE = ("Traceback (most recent call last):\n  File \"fanin/io/files.py\", line 76\n"
+                 "OSError: cannot write 'o/closes/.x.tmp-lines': File too large\n\n"
+                 "During handling of the above exception, another exception occurred:\n\n"
+                 "Traceback (most recent call last):\n  File \"sdk_worker.py\", line 310\n"
+                 "OSError: cannot write 'o/closes/.x.tmp-lines': File too large "
+                 "[while running 'Write/closes/SpillBundles']\n")
+
+
+def test_a_worker_s_traceback_as_text_gives_the_local_runner_s_line() -> None:
+    """With ``--direct_num_workers 2`` the local runner fails the job with its worker's
+    traceback as the text of a RuntimeError: the line is the one its own worker gives (the
+    step's OSError, the unreadable input's last report, which names the step)."""
+    from fanin.runners.reported_failures import step_file_error, worker_unreadable
+    from fanin.runners.toolchain import runner_failure
+
+    assert step_file_error(_STEP_FAILURE) == \
+        "cannot write 'o/closes/.x.tmp-lines': File too large [while running " \
+        "'Write/closes/SpillBundles']"
+    assert runner_failure(RuntimeError(_STEP_FAILURE), []) == (
+        "the job failed reading or writing files: " + step_file_error(_STEP_FAILURE), 1)
+    cut = _RELAYED.split("failed:", 1)[1]
+    assert worker_unreadable(f"{cut}\n\nDuring handling ...\n\nTraceback (most recent call "
+                             f"last):\n{cut.splitlines()[-1]} [while running 'Read/Lines']\n") \
+        == f"{cut.splitlines()[-1].split(': ', 1)[1]} [while running 'Read/Lines']"
+    assert runner_failure(RuntimeError(cut), [])[1] == 2  # type: ignore[index]
+    other = _STEP_FAILURE.replace("OSError", "KeyError")
+    assert step_file_error(other) is None and runner_failure(RuntimeError(other), []) is None
+    assert step_file_error(_STEP_FAILURE.replace(" [while running", " [in")) is None
+
+
+def test_a_worker_s_relayed_record_of_a_step_s_file_failure_is_dropped() -> None:
+    """The local runner logs its worker processes' records as one line, their newlines
+    escaped (``Worker: severity: ERROR ... message: "...\\nOSError: ..."``)."""
+    relayed = ("Worker: severity: ERROR message: \"cannot write \\'o/x\\': File too large "
+               "[while running \\'Write/closes/SpillBundles\\']\\nTraceback (most recent call "
+               "last):\\n  File ...\\nOSError: cannot write \\'o/x\\': File too large\"")
+    reported = ReportedFailures()
+    name = "apache_beam.runners.portability.local_job_service"
+    assert not reported.filter(_record(relayed, name))
+    assert reported.filter(_record(relayed.replace("OSError", "KeyError"), name))
+    assert reported.filter(_record(relayed.replace("[while running", "[in"), name))
+
+
+def _relayed(data: bytes, reported: ReportedFailures) -> bytes:
+    """What ``_relay`` writes of ``data`` written to its pipe."""
+    import os
+    import tempfile
+
+    from fanin.runners.reported_failures import _relay
+
+    read_end, write_end = os.pipe()
+    os.write(write_end, data)
+    os.close(write_end)
+    with tempfile.TemporaryFile() as out:
+        _relay(read_end, out.fileno(), reported)
+        out.seek(0)
+        return out.read()
+
+
+def test_worker_processes_printed_tracebacks_of_reported_failures_are_dropped() -> None:
+    """The standard error of the local runner's worker processes: a printed traceback (its
+    chained ones and ``print``'s blank line included) of a step's OSError or of an unreadable
+    input is dropped; every other line and traceback passes, in order, also one cut off by
+    the end of the stream."""
+    other = "Traceback (most recent call last):\n  File ...\nKeyError: 'x'\n\n"
+    unreadable = _RELAYED.split("failed:", 1)[1] + "\n\n"
+    reported = ReportedFailures()
+    stream = ("warming up\n" + _STEP_FAILURE + "\n" + other + "between\n" + unreadable
+              + "Traceback (most recent call last):\n  File ...")
+    assert _relayed(stream.encode(), reported) == (
+        "warming up\n" + other + "between\n" + "Traceback (most recent call last):\n  File ..."
+    ).encode()
+    assert reported.unreadable
+
+
+def test_after_ctrl_c_the_stopping_job_s_noise_is_dropped(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C stops a job of worker processes (they share the terminal): SIGINT raises
+    KeyboardInterrupt as before and marks the run interrupted; then the runner's records,
+    its threads' printed exceptions and the workers' standard error are dropped (``fanin
+    run`` says it in one line). Fanin's own records pass."""
+    import os
+    import signal
+
+    stream = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", stream)
+    reported = ReportedFailures()
+    with pytest.raises(KeyboardInterrupt), reported.worker_stderr(), \
+            reported._noting_interrupts():
+        sys.stderr.write("before\n")
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(1_000_000):  # the handler runs at the next bytecode boundary
+            pass
+    assert reported.interrupted
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with reported.worker_stderr():
+        sys.stderr.write("Exception in thread beam_control_read:\n")
+    assert stream.getvalue() == "before\n"
+    assert not reported.filter(_record("Worker: severity: CRITICAL ...",
+                                       "apache_beam.runners.portability.local_job_service"))
+    assert reported.filter(_record("interrupted", "fanin", logging.INFO))
+    assert _relayed(b"Traceback (most recent call last):\nKeyboardInterrupt\n\n", reported) \
+        == b""
