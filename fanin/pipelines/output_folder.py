@@ -8,8 +8,10 @@ passed, and never a folder holding a file the run reads.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import uuid
 from collections.abc import Callable, Sequence
 
 from fanin.core.outcomes import CLOSES, DEAD_LETTER, LATE
@@ -30,8 +32,9 @@ def _prepare_output(output: str, overwrite: bool, kept: Sequence[tuple[str, str]
     is a file where a folder must be, any folder that cannot be created or written in, or
     ``--overwrite`` of a folder that holds one of the files the run reads, ``kept`` as
     ``(option, path)`` (its inputs, its contracts file: it would delete them before reading
-    them) or that this user cannot empty (a folder in it not writable): nothing is deleted
-    then. ``on_replace`` is called once, before the first deletion."""
+    them) or that this user cannot empty (a folder in it not writable, or an entry the
+    system does not let it delete: ``_empty``): nothing is deleted then. ``on_replace`` is
+    called once, before the first deletion."""
     folders = _output_folders(output)
     for folder in folders:
         real = os.path.realpath(folder)
@@ -40,31 +43,90 @@ def _prepare_output(output: str, overwrite: bool, kept: Sequence[tuple[str, str]
                 raise ConfigError(f"{option} {path} is in {folder}, which this run replaces "
                                   "with its outputs; move it out first")
     replaced = _checked_folders(output, folders, overwrite, continues)
-    if replaced and on_replace is not None:
-        on_replace()
+    if replaced:
+        _empty(replaced, on_replace)
     for folder in folders:
         try:
-            if folder in replaced:
-                _empty(folder)
             os.makedirs(folder, exist_ok=True)
         except OSError as exc:  # e.g. a read-only file system
-            raise ConfigError(f"--output: cannot {'replace' if folder in replaced else 'create'} "
-                              f"{folder}: {exc.strerror or exc}") from None
+            raise ConfigError(f"--output: cannot create {folder}: {exc.strerror or exc}"
+                              ) from None
         if not _writable(folder):  # created, but not for us to write in (umask)
-            raise ConfigError(f"--output: cannot write in {folder}: permission denied")
+            raise ConfigError(f"--output: cannot write in {folder}: {_not_writable(folder)}")
 
 
-def _empty(folder: str) -> None:
-    """Delete an output folder of an earlier run; a folder that is a symbolic link keeps the
-    link and its target, emptied (as ``--output`` itself may be a link)."""
-    if not os.path.islink(folder):
-        shutil.rmtree(folder)
-        return
-    for entry in os.scandir(folder):
-        if entry.is_dir(follow_symlinks=False):
-            shutil.rmtree(entry.path)
-        else:
-            os.unlink(entry.path)
+def _empty(folders: Sequence[str], on_replace: Callable[[], None] | None) -> None:
+    """Empty the output ``folders`` of an earlier run, all or nothing: each entry is first
+    moved into a hidden folder of its own output folder (files and links, then folders,
+    the deepest first: the system allows such a move exactly when it allows the deletion,
+    also for a file another user owns in a folder with the sticky bit, or one made
+    immutable); only when all have moved is ``on_replace`` called and the hidden folders
+    deleted. A move refused moves every entry back and raises ``ConfigError`` naming it:
+    nothing is deleted then. The output folders themselves stay (one that is a symbolic link
+    keeps its link and its target, emptied, as ``--output`` itself may be a link)."""
+    moved: list[tuple[str, str]] = []
+    hidden: list[str] = []
+    path = folders[0]
+    try:
+        for folder in folders:
+            path = folder
+            trash = os.path.join(folder, f".fanin-replaced-{uuid.uuid4().hex}")
+            os.mkdir(trash, 0o700)
+            hidden.append(trash)
+            for path in _entries(folder, trash):
+                target = os.path.join(trash, str(len(moved)))
+                os.rename(path, target)
+                moved.append((path, target))
+    except OSError as exc:
+        kept = _move_back(moved, hidden)
+        raise ConfigError(f"--overwrite: cannot delete {path}: {exc.strerror or exc}"
+                          f"{kept}; nothing was deleted") from None
+    if on_replace is not None:
+        on_replace()
+    for trash in hidden:
+        try:
+            shutil.rmtree(trash)
+        except OSError as exc:
+            raise ConfigError(f"--overwrite: cannot delete {exc.filename or trash}: "
+                              f"{exc.strerror or exc}") from None
+
+
+def _entries(folder: str, skip: str) -> list[str]:
+    """Every entry under ``folder`` but ``skip``: files, links and the like first, then its
+    folders (not followed if links), each after the folders inside it."""
+    files: list[str] = []
+    folders: list[str] = []
+
+    def walk(where: str) -> None:
+        with os.scandir(where) as entries:
+            for entry in sorted(entries, key=lambda e: e.name):
+                if entry.path == skip:
+                    continue
+                if entry.is_dir(follow_symlinks=False):
+                    walk(entry.path)
+                    folders.append(entry.path)
+                else:
+                    files.append(entry.path)
+
+    walk(folder)
+    return files + folders
+
+
+def _move_back(moved: list[tuple[str, str]], hidden: list[str]) -> str:
+    """Undo ``_empty``'s moves, the last first; ``""``, or where entries that could not be
+    moved back are (in words, for the refusal's line)."""
+    stuck: set[str] = set()
+    for path, target in reversed(moved):
+        try:
+            os.rename(target, path)
+        except OSError:
+            stuck.add(os.path.dirname(target))
+    for trash in hidden:
+        if trash not in stuck:
+            with contextlib.suppress(OSError):
+                os.rmdir(trash)
+    return f" (earlier outputs that could not be put back are in {', '.join(sorted(stuck))})" \
+        if stuck else ""
 
 
 def _not_a_file(path: str) -> None:
@@ -97,10 +159,10 @@ def _checked_folders(output: str, folders: list[str], overwrite: bool, continues
             for parent, _, _ in os.walk(folder):  # deleting a file needs its folder writable
                 if not _writable(parent):
                     raise ConfigError(f"--overwrite: cannot delete the files in {parent}: "
-                                      "permission denied")
+                                      f"{_not_writable(parent)}")
             replaced.append(folder)
         elif os.path.isdir(folder) and not _writable(folder):
-            raise ConfigError(f"--output: cannot write in {folder}: permission denied")
+            raise ConfigError(f"--output: cannot write in {folder}: {_not_writable(folder)}")
     return replaced
 
 
@@ -142,6 +204,16 @@ def remove_empty(folders: Sequence[str]) -> None:
 def _writable(folder: str) -> bool:
     """This process may create and delete files in ``folder``."""
     return os.access(folder, os.W_OK | os.X_OK)
+
+
+def _not_writable(folder: str) -> str:
+    """Why ``folder`` is not ``_writable``, in words."""
+    try:
+        if os.statvfs(folder).f_flag & os.ST_RDONLY:
+            return "read-only file system"
+    except OSError:
+        pass
+    return "permission denied"
 
 
 def files_in(output: str) -> frozenset[str]:

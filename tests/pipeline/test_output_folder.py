@@ -356,3 +356,90 @@ def test_a_setting_out_of_range_names_itself(
     """``--shards 1001`` said "--window-s must be > 0 and at most 86400 ..."."""
     assert main(_run(tmp_path / "out", option, value)) == 2
     assert capsys.readouterr().err.strip() == f"fanin: error: {error}"
+
+
+@pytest.mark.parametrize("victim", ["late/late-all-p0000-s000.jsonl", "closes/close_date=",
+                                    "dead_letter"])
+def test_overwrite_that_the_system_refuses_for_one_entry_deletes_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, victim: str,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``--overwrite`` checked only that each folder was writable: a file another user owns in
+    a folder with the sticky bit, or one made immutable (``chattr +i``), could not be deleted,
+    so it deleted the outputs before it (the closes: 2.7 MB in the review's run), then
+    refused. Now it refuses with every earlier output in place (the system's refusal is
+    injected for one entry: a file, a Parquet partition folder, an output folder's first
+    entry after others moved), and a run it allows leaves no hidden folder behind."""
+    out = tmp_path / "out"
+    formats = ("--format", "jsonl", "--format", "parquet")
+    assert main(_run(out, *formats)) == 0
+    before = _files(out)
+    real_rename = os.rename
+
+    def refuses(source: str, target: str) -> None:
+        name = os.path.relpath(source, out)
+        if name.startswith(victim) and ".fanin-replaced-" in target:
+            raise PermissionError(errno.EPERM, "Operation not permitted", source)
+        real_rename(source, target)
+
+    monkeypatch.setattr(os, "rename", refuses)
+    capsys.readouterr()
+    assert main(_run(out, "--overwrite", *formats)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"fanin: error: --overwrite: cannot delete "
+                                               f"{out / victim}")
+    assert err[0].endswith(": Operation not permitted; nothing was deleted")
+    assert _files(out) == before  # no mark either: the folder is as it was
+    assert sorted(p.name for p in out.rglob(".fanin-*")) == []
+    monkeypatch.setattr(os, "rename", real_rename)
+    assert main(_run(out, "--overwrite", *formats)) == 0
+    assert _files(out) == before
+    assert sorted(p.name for p in out.rglob(".fanin-*")) == []
+
+
+def test_a_run_refused_once_it_holds_the_folder_removes_the_folder_it_made(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The input gone between the job's build and the lock (deleted by another program): one
+    line, exit 2, and the output folder the run had made was left, empty."""
+    import fanin.pipelines.output_folder as output_folder
+
+    def gone(patterns: Any) -> list[str]:
+        raise FileNotFoundError(f"input matches no file: {patterns[0]}")
+
+    monkeypatch.setattr(output_folder, "expand_inputs", gone)
+    out = tmp_path / "new" / "out"
+    assert main(_run(out)) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == \
+        f"fanin: error: input matches no file: {EXAMPLE}"
+    assert not out.exists()
+
+
+def test_overwrite_of_a_file_another_user_owns_in_a_sticky_folder_deletes_nothing(
+        tmp_path: Path) -> None:
+    """The review's case, for real: ``late/`` with the sticky bit and its file owned by
+    another user (``nobody``); the run, without root's power over files (``setpriv``), may
+    write in every folder but not delete that file. It deleted the closes and the dead letters
+    first, then refused."""
+    import shutil
+
+    if os.geteuid() != 0:
+        pytest.skip("giving a file to another user needs root")
+    setpriv = shutil.which("setpriv")
+    assert setpriv, "setpriv (util-linux) is needed to drop root's file capabilities"
+    out = tmp_path / "out"
+    assert main(_run(out)) == 0
+    late = out / "late"
+    late.chmod(0o1777)
+    for path in (late, *late.iterdir()):
+        os.chown(path, 65534, -1)
+    before = _files(out)
+    caps = "-dac_override,-dac_read_search,-fowner"
+    done = subprocess.run(
+        [setpriv, f"--inh-caps={caps}", f"--bounding-set={caps}",
+         str(Path(sys.executable).with_name("fanin")), *_run(out, "--overwrite")],
+        capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"fanin: error: --overwrite: cannot delete {late / 'late-all-p0000-s000.jsonl'}: "
+        "Operation not permitted; nothing was deleted")
+    assert _files(out) == before
