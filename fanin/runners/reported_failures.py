@@ -23,7 +23,10 @@ Guarantees (``ReportedFailures``, installed on the root logger's handlers for on
   the run's last; every other logger's later records pass (a runner that retries the bundle,
   Dataflow's, goes on logging what matters);
 - a record of Beam's loggers at WARNING or above that logs an ``OSError`` of a step (as an
-  exception, or named in its text with "[while running ") is dropped;
+  exception, or named in its text with "[while running ") is dropped, and so is a record of
+  another logger whose text ends with a worker's traceback of one (``step_file_error``:
+  Prism's failed bundle, as the job client logs it); after one, so are Prism's and the job
+  servers' later records, as after an unreadable input;
 - after Ctrl-C stopped a job of worker processes (``interrupted``), every record but
   Fanin's is dropped: the stopping workers' and the runner's threads' reports of it;
 - any other record passes (Beam's retries of a network call, a job service's errors).
@@ -77,6 +80,7 @@ class ReportedFailures(logging.Filter):
         super().__init__()
         self.unreadable = False  # an input found unreadable was seen: its reports are dropped
         self.interrupted = False  # Ctrl-C stopped a job of worker processes: so is their noise
+        self.failed_step = False  # a step's OSError was seen: its reports are dropped
 
     @classmethod
     def install(cls) -> ReportedFailures:
@@ -106,14 +110,19 @@ class ReportedFailures(logging.Filter):
                 UNREADABLE.search(text):
             self.unreadable = True
             return False
-        if self.unreadable and record.name in _RELAYS:
+        if (self.unreadable or self.failed_step) and record.name in _RELAYS:
             return False
-        if not record.name.startswith("apache_beam") or record.levelno < logging.WARNING:
+        if record.levelno < logging.WARNING:
             return True
-        in_step = "[while running " in text or \
-            any("[while running " in str(error) for error in errors)
-        return not (in_step and (any(map(_file_error, errors)) or
-                                 _FILE_ERROR_NAME.search(text) is not None))
+        if record.name.startswith("apache_beam"):
+            in_step = "[while running " in text or \
+                any("[while running " in str(error) for error in errors)
+            step = in_step and (any(map(_file_error, errors)) or
+                                _FILE_ERROR_NAME.search(text) is not None)
+        else:  # a worker's traceback relayed as text (Prism's failed bundle, at the root)
+            step = step_file_error(text) is not None
+        self.failed_step = self.failed_step or step
+        return not step
 
     @contextlib.contextmanager
     def _worker_processes_stderr(self) -> Iterator[None]:
@@ -297,11 +306,12 @@ def _write(out: int, data: bytes) -> None:
 
 def step_file_error(text: str) -> str | None:
     """The message of the last line of a traceback given as text (a worker's, relayed by the
-    runner) when that line is an ``OSError`` of a step, ``"OSError: cannot write ...
-    [while running 'STEP']"`` (the local runner's re-raise): ``"cannot write ... [while
-    running 'STEP']"``, as the local runner's own worker gives it; else None."""
+    runner, after the runner's words on Prism) when that line is an ``OSError`` of a step,
+    ``"OSError: cannot write ... [while running 'STEP']"`` (the local runner's re-raise):
+    ``"cannot write ... [while running 'STEP']"``, as the local runner's own worker gives it;
+    else None."""
     lines = [line for line in text.splitlines() if line.strip()]
-    if not text.startswith(_TRACEBACK) or not lines:
+    if _TRACEBACK not in text or not lines:
         return None
     last = _ERROR_LINE.fullmatch(lines[-1].strip())
     return last.group(2) if last is not None and last.group(1) in OS_ERRORS else None

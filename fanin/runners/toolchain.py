@@ -309,6 +309,9 @@ def runner_failure(exc: BaseException, beam_args: Sequence[str]) -> tuple[str, i
         unreadable = UNREADABLE.search(failed.group(2))
         if unreadable:  # an input read by a worker (Prism's, Flink's): as on the local runner
             return unreadable.group(1).strip(), 2
+        step = step_file_error(failed.group(2))
+        if step is not None:  # a step's OSError in a worker (Prism's): as on the local runner
+            return f"the job failed reading or writing files: {step}", 1
         why = next((line.strip() for line in failed.group(2).splitlines() if line.strip()),
                    "(no reason given)")
         return f"the runner failed the job ({failed.group(1)}): {why}", 1

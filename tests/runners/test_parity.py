@@ -239,3 +239,37 @@ def test_an_input_cut_short_is_its_one_line_on_every_runner(
         lines = done.stderr.strip().splitlines()
         assert done.returncode == 2 and expected.fullmatch(lines[-1]), (runner, lines[-3:])
         assert "Traceback" not in done.stderr and len(lines) <= 5, (runner, done.stderr[-3000:])
+
+
+def test_a_write_the_disk_refuses_is_one_line_on_every_runner(
+        prism: str, flink_jar: str, tmp_path: Path) -> None:
+    """docs/spec.md §5: a failed write stops the run with one line, exit 1, on every runner.
+    Files limited to 200 KiB (``ulimit -f``): the job's spill of its closes fails (on Flink
+    the job server's own files first, which Flink reports in one line). On Prism it was "the
+    runner failed the job (FAILED): bundle ... failed:Traceback (most recent call last):"
+    below ~160 lines of the worker's traceback as the job client and Prism logged it."""
+    import re
+    import resource
+
+    def limit() -> None:  # writes beyond it fail with EFBIG (Python ignores SIGXFSZ)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (200 << 10, 200 << 10))
+
+    path = tmp_path / "in.jsonl"
+    subprocess.run([sys.executable, "-m", "fanin.cli", "simulate", "--joins", "2000", "--seed",
+                    "7", "--out", str(path)], check=True, capture_output=True)
+    fanin = str(Path(sys.executable).with_name("fanin"))
+    for runner in ([], ["--runner=PrismRunner"], list(FLINK_LOCAL)):
+        done = subprocess.run(
+            [fanin, "run", "--input", str(path), "--output", str(tmp_path / f"o{len(runner)}"),
+             "--contracts", str(CONTRACTS), *runner], capture_output=True, text=True,
+            timeout=300, check=False, preexec_fn=limit)
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 1, (runner, done.stderr[-3000:])
+        line = (r"fanin: error: the runner failed the job \(FAILED\): java.io.IOException: "
+                r"File too large" if runner == list(FLINK_LOCAL) else
+                r"fanin: error: the job failed reading or writing files: cannot write '[^']+': "
+                r"File too large \[while running '[^']+'\]")
+        if runner == list(FLINK_LOCAL):  # Beam then stops the job server, and says so
+            assert "Really destroying service" in lines.pop(), (runner, lines)
+        assert re.fullmatch(line, lines[-1]), (runner, lines)
+        assert "Traceback" not in done.stderr and len(lines) <= 5, (runner, done.stderr[-3000:])

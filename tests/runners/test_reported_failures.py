@@ -236,3 +236,27 @@ def test_after_ctrl_c_the_stopping_job_s_noise_is_dropped(
     assert reported.filter(_record("interrupted", "fanin", logging.INFO))
     assert _relayed(b"Traceback (most recent call last):\nKeyboardInterrupt\n\n", reported) \
         == b""
+
+
+def test_prism_s_failed_bundle_of_a_step_s_file_failure_is_one_line() -> None:
+    """On Prism a write the disk refuses was "the runner failed the job (FAILED): bundle ...
+    failed:Traceback (most recent call last):" under ~160 lines: the job client's record (at
+    the root) of the worker's traceback, Prism's relays of the failed bundle and job, the job
+    server's shutdown. Now the local runner's line; the records are dropped."""
+    from fanin.runners.toolchain import runner_failure
+
+    failed = f"bundle inst004 stage-003 failed:{_STEP_FAILURE}"
+    assert runner_failure(RuntimeError(f"Pipeline job-001 failed in state FAILED: {failed}"),
+                          []) == ("the job failed reading or writing files: cannot write "
+                                  "'o/closes/.x.tmp-lines': File too large [while running "
+                                  "'Write/closes/SpillBundles']", 1)
+    reported = ReportedFailures()
+    assert reported.filter(_record("Really starting service at localhost:1",
+                                   "apache_beam.utils.subprocess_server", logging.WARNING))
+    assert reported.filter(_record("Bundle Failed. (", "PrismRunner"))  # not yet known
+    assert not reported.filter(_record(failed, "root"))
+    assert not reported.filter(_record("job failed", "PrismRunner"))
+    assert not reported.filter(_record("Really destroying service at localhost:1",
+                                       "apache_beam.utils.subprocess_server", logging.WARNING))
+    assert reported.filter(_record("a note", "root", logging.WARNING))
+    assert reported.filter(_record(failed.replace("OSError", "KeyError"), "root"))
