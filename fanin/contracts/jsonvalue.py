@@ -28,7 +28,7 @@ from typing import Any
 import orjson
 
 __all__ = ["JSON_WHITESPACE", "MAX_DEPTH", "MAX_INT_DIGITS", "JSONRefused", "canonical",
-           "encode_str", "loads", "loads_strict"]
+           "encode_str", "loads", "loads_strict", "output_json"]
 
 MAX_DEPTH = 64
 JSON_WHITESPACE = " \t\n\r"  # what JSON allows between tokens (RFC 8259), and nothing else
@@ -233,3 +233,27 @@ def canonical(value: Any) -> str:
             return written.decode("utf-8")
     return _DUMPS(_normalize(value))
 
+
+def output_json(value: Any, sort_keys: bool = False) -> str:
+    """The outputs' one spelling of a JSON value (docs/spec.md §1 "Numbers"): compact UTF-8
+    JSON, fields in their order (or sorted by name), every number as orjson writes it (an
+    integer's digits, a double in its shortest form: ``1e-7``, where the standard encoder
+    writes ``1e-07``), an integer beyond 64 bits with its digits."""
+    option = orjson.OPT_SORT_KEYS if sort_keys else 0
+    try:
+        return orjson.dumps(value, option=option).decode()
+    except TypeError:  # an integer orjson refuses
+        return orjson.dumps(_big_integers_as_digits(value), option=option).decode()
+
+
+def _big_integers_as_digits(value: Any) -> Any:
+    """``value`` with every integer outside orjson's range (-2^63 .. 2^64-1) as a fragment
+    of its digits."""
+    kind = type(value)
+    if kind is dict:
+        return {key: _big_integers_as_digits(item) for key, item in value.items()}
+    if kind is list or kind is tuple:
+        return [_big_integers_as_digits(item) for item in value]
+    if kind is int and not -2**63 <= value < 2**64:
+        return orjson.Fragment(int.__repr__(value))
+    return value

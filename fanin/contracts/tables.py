@@ -52,6 +52,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from fanin.contracts.jsonvalue import output_json
 from fanin.contracts.timefmt import format_ms, parse_rfc3339
 
 __all__ = [
@@ -167,8 +168,8 @@ def schema(kind: str) -> pa.Schema:
 
 
 def _json_text(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                      allow_nan=False)
+    """Compact JSON with sorted keys, its numbers spelled as in the JSONL outputs."""
+    return output_json(value, sort_keys=True)
 
 
 _INT64 = 2**63

@@ -16,9 +16,8 @@ import logging
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-import orjson
-
 from fanin.contracts import records as R
+from fanin.contracts.jsonvalue import output_json
 from fanin.contracts.parsing import dead_letter
 from fanin.core.closing import Closed
 
@@ -65,20 +64,5 @@ def encode_line(obj: dict[str, Any]) -> str:
     shortest form, ``1e-7``). An integer orjson refuses (beyond 64 bits) is written with its
     digits, the rest of the object as orjson writes it (the standard encoder would spell the
     object's doubles otherwise: ``1e-07``)."""
-    try:
-        return orjson.dumps(obj).decode()
-    except TypeError:
-        return orjson.dumps(_big_integers_as_digits(obj)).decode()
+    return output_json(obj)
 
-
-def _big_integers_as_digits(value: Any) -> Any:
-    """``value`` with every integer outside orjson's range (-2^63 .. 2^64-1) as a fragment
-    of its digits."""
-    kind = type(value)
-    if kind is dict:
-        return {key: _big_integers_as_digits(item) for key, item in value.items()}
-    if kind is list or kind is tuple:
-        return [_big_integers_as_digits(item) for item in value]
-    if kind is int and not -2**63 <= value < 2**64:
-        return orjson.Fragment(int.__repr__(value))
-    return value

@@ -151,6 +151,25 @@ def test_to_row_is_lossless_and_strict() -> None:
             tables.to_row("closes", bad)
 
 
+def test_json_text_columns_spell_numbers_as_the_jsonl_outputs() -> None:
+    """docs/spec.md §1 "Numbers": outputs write a double in its shortest form. The JSON-text
+    columns (Parquet, BigQuery) wrote the standard encoder's ``1e-07`` where the JSONL line of
+    the same close has ``1e-7``; fields stay sorted by name."""
+    from fanin.core.outcomes import encode_line
+
+    def by_name(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {name: by_name(value[name]) for name in sorted(value)}
+        return [by_name(item) for item in value] if isinstance(value, list) else value
+
+    values = {"tiny": 1e-7, "huge": 1e16, "neg": -0.0, "tenth": 0.1, "big": 10**30,
+              "small": -(2**63) - 1, "nested": {"z": 2.5e-300, "a": [1.0, 1e22]}}
+    row = tables.to_row("closes", {**json.loads(HAND_CLOSE), "values": values})
+    assert row["values"] == encode_line({"v": by_name(values)})[len('{"v":'):-1]
+    assert row["values"].endswith('"tiny":1e-7}') and '"z":2.5e-300}' in row["values"]
+    assert json.loads(row["values"]) == values
+
+
 # --- Parquet -------------------------------------------------------------------------------
 
 def test_parquet_round_trip_and_partitions(tmp_path: Path) -> None:
