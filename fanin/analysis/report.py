@@ -192,7 +192,7 @@ def _breakdown(chart: Chart, limit: int = 5) -> str:
         parts = [(name, sum(vals)) for name, vals in chart.series]
     else:
         parts = list(zip(chart.categories, chart.series[0][1], strict=True)) if chart.series else []
-    text = ", ".join(f"{visible(str(name))} {value:,.0f}" for name, value in parts[:limit]) \
+    text = ", ".join(f"{visible(str(name))} {svg.whole(value)}" for name, value in parts[:limit]) \
         or "none"
     return text + (", ..." if len(parts) > limit else "")
 
@@ -202,7 +202,8 @@ def summary_text(report: Report) -> str:
     ``visible`` shows them: a branch named with an escape sequence cannot drive the
     terminal)."""
     lat = report.latency
-    latency = f"p50 {lat[0]:,.0f} / p95 {lat[1]:,.0f} / p99 {lat[2]:,.0f} ms" if lat else "n/a"
+    latency = f"p50 {svg.whole(lat[0])} / p95 {svg.whole(lat[1])} / p99 {svg.whole(lat[2])} ms" \
+        if lat else "n/a"
     rows = report.rows
 
     def part(chart_id: str) -> str:

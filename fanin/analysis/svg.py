@@ -10,10 +10,11 @@ non-empty (callers render a "no data" note instead).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from html import escape
 
-__all__ = ["PALETTE", "Series", "grouped_bars", "stacked_columns"]
+__all__ = ["PALETTE", "Series", "grouped_bars", "stacked_columns", "whole"]
 
 Series = tuple[str, Sequence[float]]
 PALETTE = ("#4c78a8", "#f58518", "#e45756", "#72b7b2", "#54a24b", "#eeca3b", "#b279a2")
@@ -21,8 +22,15 @@ _WIDTH = 760
 _FONT = 'font-family="sans-serif" font-size="12"'
 
 
+def whole(value: float) -> str:
+    """``value`` to the nearest integer, a half away from zero (Python's ``:.0f`` rounds it
+    to even: 14676.5 and 3789.5 showed as 14,676 and 3,790), with thousands separators."""
+    rounded = math.floor(abs(value) + 0.5)
+    return f"{'-' if value < 0 and rounded else ''}{rounded:,}"
+
+
 def _number(value: float) -> str:
-    return f"{value:,.0f}" if float(value).is_integer() or abs(value) >= 100 else f"{value:,.2f}"
+    return whole(value) if float(value).is_integer() or abs(value) >= 100 else f"{value:,.2f}"
 
 
 def _legend(series: Sequence[Series], y: int) -> list[str]:
@@ -85,7 +93,8 @@ def stacked_columns(buckets: Sequence[str], series: Sequence[Series], title: str
     parts = _legend(series, 16)
     base = top + plot_h
     parts.append(f'<line x1="{left}" y1="{base}" x2="{left + plot_w}" y2="{base}" stroke="#333"/>')
-    parts.append(f'<text x="{left - 6}" y="{top + 4}" text-anchor="end" {_FONT}>{peak:,.0f}</text>')
+    parts.append(f'<text x="{left - 6}" y="{top + 4}" text-anchor="end" {_FONT}>'
+                 f'{whole(peak)}</text>')
     parts.append(f'<text x="{left - 6}" y="{base}" text-anchor="end" {_FONT}>0</text>')
     for i in range(len(buckets)):
         y = float(base)

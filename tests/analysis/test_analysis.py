@@ -663,6 +663,21 @@ def test_report_empty_shows_no_data(tmp_path: Path) -> None:
     assert "latency:      n/a" in report.summary_text(rep)
 
 
+def test_report_figures_round_halves_away_from_zero(tmp_path: Path) -> None:
+    """Python's ``:,.0f`` rounds a half to even: one chart showed a p50 of 14676.5 ms as
+    14,676 and one of 3789.5 ms as 3,790."""
+    import dataclasses
+
+    from fanin.analysis.svg import whole
+
+    assert [whole(v) for v in (14676.5, 3789.5, 2.5, 0.5, 0.49, -2.5, -0.4, 1234567.5)] == \
+        ["14,677", "3,790", "3", "1", "0", "-3", "0", "1,234,568"]
+    for kind in tables.KINDS:
+        (tmp_path / kind).mkdir()
+    rep = dataclasses.replace(report.build_report(tmp_path), latency=(2.5, 14676.5, 3789.5))
+    assert "latency:      p50 3 / p95 14,677 / p99 3,790 ms" in report.summary_text(rep)
+
+
 @pytest.mark.skipif(shutil.which("chromium") is None, reason="chromium is not on PATH")
 def test_report_renders_in_headless_chromium(tmp_path: Path) -> None:
     write_jsonl(tmp_path, sample())
