@@ -23,21 +23,25 @@ Guarantees (``ReportedFailures``, installed on the root logger's handlers for on
   the run's last; every other logger's later records pass (a runner that retries the bundle,
   Dataflow's, goes on logging what matters);
 - a record of Beam's loggers at WARNING or above that logs an ``OSError`` of a step (as an
-  exception, or named in its text with "[while running ") is dropped, and so is a record of
-  another logger whose text ends with a worker's traceback of one (``step_file_error``:
-  Prism's failed bundle, as the job client logs it); after one, so are Prism's and the job
-  servers' later records, as after an unreadable input;
-- after Ctrl-C stopped a job of worker processes (``interrupted``), every record but
-  Fanin's is dropped: the stopping workers' and the runner's threads' reports of it;
+  exception; or, from the local runner's log of its worker processes, named in its text with
+  "[while running ") is dropped, and so is a record of a portable job's messages (at the
+  root, or Prism's) whose text ends with a worker's traceback of one (``step_file_error``);
+  after one (or a worker's printed traceback of one), so are Prism's and the job servers'
+  later records, as after an unreadable input. Other runners' records (Dataflow's, which
+  retries a failed bundle) are heard;
+- while Ctrl-C stops a job of worker processes (``interrupted``, until ``worker_stderr``
+  ends), every record but Fanin's is dropped: the stopping workers' and the runner's
+  threads' reports of it;
 - any other record passes (Beam's retries of a network call, a job service's errors).
 
 ``worker_stderr`` drops the tracebacks Beam's SDK workers print to standard error for a
 failure ``fanin run`` reports (``reported_traceback``: an input a worker could not read, an
 ``OSError`` of a step; and the newline ``print`` adds): those of workers in the ``fanin``
 process, and with ``multi_processing`` those of the worker processes, whose inherited
-standard error goes through a pipe for the job's duration; after Ctrl-C stopped such a job,
-everything written to standard error but Fanin's own line. Everything else written to
-standard error passes unchanged and in order.
+standard error goes through a pipe for the job's duration (``fanin.runners.stderr_relay``;
+this process's own writes and logs bypass it); while Ctrl-C stops such a job, everything
+written to standard error but Fanin's own lines. Everything else written to standard error
+passes unchanged.
 """
 
 from __future__ import annotations
@@ -45,7 +49,6 @@ from __future__ import annotations
 import builtins
 import contextlib
 import logging
-import os
 import re
 import signal
 import sys
@@ -71,6 +74,10 @@ _TRACEBACK = "Traceback (most recent call last):"
 # the loggers of what the runner says of a failed job after the worker's error (Prism's log,
 # the job servers' processes)
 _RELAYS = frozenset({"PrismRunner", "apache_beam.utils.subprocess_server"})
+# the local runner's log of its worker processes' records; the loggers of a portable job's
+# messages (Beam's job client logs a failed job's message at the root, Prism its own)
+_WORKER_LOGS = "apache_beam.runners.portability.local_job_service"
+_JOB_LOGS = frozenset({"root", "PrismRunner"})
 
 
 class ReportedFailures(logging.Filter):
@@ -117,37 +124,12 @@ class ReportedFailures(logging.Filter):
         if record.name.startswith("apache_beam"):
             in_step = "[while running " in text or \
                 any("[while running " in str(error) for error in errors)
-            step = in_step and (any(map(_file_error, errors)) or
-                                _FILE_ERROR_NAME.search(text) is not None)
-        else:  # a worker's traceback relayed as text (Prism's failed bundle, at the root)
-            step = step_file_error(text) is not None
+            step = in_step and (any(map(_file_error, errors)) or (
+                record.name == _WORKER_LOGS and _FILE_ERROR_NAME.search(text) is not None))
+        else:  # a worker's traceback relayed as text (the job client's record, Prism's)
+            step = record.name in _JOB_LOGS and step_file_error(text) is not None
         self.failed_step = self.failed_step or step
         return not step
-
-    @contextlib.contextmanager
-    def _worker_processes_stderr(self) -> Iterator[None]:
-        """While a job whose SDK workers are processes of their own runs: the standard error
-        they inherit (file descriptor 2) goes through a pipe that drops their printed
-        tracebacks of a failure ``fanin run`` reports in its line (``reported_traceback``);
-        everything else written there, this process's own writes too, passes unchanged and
-        in order."""
-        sys.stderr.flush()
-        original = os.dup(2)
-        read_end, write_end = os.pipe()
-        os.dup2(write_end, 2)
-        os.close(write_end)
-        relay = threading.Thread(target=_relay, args=(read_end, original, self), daemon=True,
-                                 name="fanin-worker-stderr")
-        relay.start()
-        try:
-            with self._noting_interrupts():
-                yield
-        finally:
-            sys.stderr.flush()
-            os.dup2(original, 2)  # the pipe ends when the workers, stopped by now, let it go
-            relay.join(timeout=_RELAY_WAIT_S)
-            if not relay.is_alive():  # else a worker still holds the pipe: the relay goes on
-                os.close(original)
 
     @contextlib.contextmanager
     def _noting_interrupts(self) -> Iterator[None]:
@@ -164,8 +146,8 @@ class ReportedFailures(logging.Filter):
             self.interrupted = True
             signal.default_int_handler(signum, frame)
 
-        signal.signal(signal.SIGINT, interrupted)
-        try:
+        try:  # a SIGINT before the handler is in place raises here: it is put back all the same
+            signal.signal(signal.SIGINT, interrupted)
             yield
         finally:
             signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -176,17 +158,45 @@ class ReportedFailures(logging.Filter):
         failure ``fanin run`` reports in its line (``reported_traceback``): this process's
         ``sys.stderr``, and with ``--direct_running_mode multi_processing`` in ``beam_args``
         (the local runner's workers in processes of their own) the standard error those
-        processes inherit."""
+        processes inherit (``fanin.runners.stderr_relay``), where after Ctrl-C nothing of
+        theirs passes. The root logger's handlers that wrote to ``sys.stderr`` write to the
+        same stream as it meanwhile."""
+        from fanin.runners.stderr_relay import relayed_stderr
+
         original = sys.stderr
-        quiet = _WorkerStderr(original, self)
-        sys.stderr = quiet
+        processes = _worker_processes(beam_args)
         try:
-            with (self._worker_processes_stderr() if _worker_processes(beam_args)
-                  else contextlib.nullcontext()):
-                yield
+            with (relayed_stderr(self._reported_error, lambda: self.interrupted) if processes
+                  else contextlib.nullcontext(original)) as stream:
+                quiet = _WorkerStderr(stream, self)
+                sys.stderr = quiet
+                handlers = [handler for handler in logging.getLogger().handlers
+                            if isinstance(handler, logging.StreamHandler)
+                            and handler.stream is original]
+                for handler in handlers:
+                    handler.setStream(stream)
+                try:
+                    with self._noting_interrupts() if processes else contextlib.nullcontext():
+                        yield
+                finally:
+                    for handler in handlers:
+                        handler.setStream(original)
+                    if sys.stderr is quiet:
+                        sys.stderr = original
         finally:
-            if sys.stderr is quiet:
-                sys.stderr = original
+            self.interrupted = False  # the job's workers are gone: later records are heard
+
+    def _reported_error(self, line: str) -> bool:
+        """A printed traceback's last exception line is of a failure ``fanin run`` reports:
+        an input a worker could not read (noted), an ``OSError`` of a step."""
+        if UNREADABLE.search(line):
+            self.unreadable = True
+            return True
+        error = _ERROR_LINE.fullmatch(line)
+        if error is None or error.group(1) not in OS_ERRORS:
+            return False
+        self.failed_step = True
+        return True
 
 
 class _WorkerStderr:
@@ -241,67 +251,15 @@ def _worker_processes(beam_args: Sequence[str]) -> bool:
 
 def reported_traceback(text: str, reported: ReportedFailures) -> bool:
     """Whether a printed traceback ``text`` is of a failure ``fanin run`` reports in its one
-    line: an input a worker could not read (noted in ``reported``), an ``OSError`` of a
-    step."""
+    line: an input a worker could not read, an ``OSError`` of a step (either noted in
+    ``reported``: a worker prints it before the runner hears of it)."""
     if UNREADABLE.search(text):
         reported.unreadable = True
         return True
-    return step_file_error(text) is not None
-
-
-# a chained traceback goes on after a blank line with one of these
-_CHAINED = (b"During handling of the above exception, another exception occurred:\n",
-            b"The above exception was the direct cause of the following exception:\n")
-_RELAY_WAIT_S, _RELAY_HOLD = 10.0, 1 << 20
-
-
-def _relay(read_end: int, out: int, reported: ReportedFailures) -> None:
-    """Copies lines from the pipe ``read_end`` to the file descriptor ``out``, less each
-    printed traceback (from a line ``Traceback (most recent call last):`` to the blank line
-    ``print`` ends it with, chained tracebacks included) that ``reported_traceback`` takes;
-    one held longer than ``_RELAY_HOLD`` bytes is copied as it is."""
-    held: list[bytes] = []  # a traceback being read
-    with open(read_end, "rb", buffering=0) as pipe:
-        for line in _lines(pipe):
-            if reported.interrupted:  # the stopping workers'
-                continue
-            if held and held[-1] == b"\n" and line not in _CHAINED and \
-                    (len(held) < 2 or held[-2] not in _CHAINED):  # the traceback ended
-                _release(held, out, reported)
-                held = []
-            if held or line.startswith(_TRACEBACK.encode()):
-                held.append(line)
-                if sum(map(len, held)) > _RELAY_HOLD:
-                    _write(out, b"".join(held))
-                    held = []
-            else:
-                _write(out, line)
-    if held and not reported.interrupted:
-        _release(held, out, reported)
-
-
-def _lines(pipe: Any) -> Iterator[bytes]:
-    """The lines of a pipe as they come (a last one without its newline at the end)."""
-    rest = b""
-    while chunk := pipe.read(65536):
-        *lines, rest = (rest + chunk).split(b"\n")
-        yield from (line + b"\n" for line in lines)
-    if rest:
-        yield rest
-
-
-def _release(held: list[bytes], out: int, reported: ReportedFailures) -> None:
-    """A printed traceback's lines: written to ``out`` unless ``fanin run`` reports it."""
-    text = b"".join(held).decode("utf-8", "replace")
-    if not reported_traceback(text, reported):
-        _write(out, b"".join(held))
-
-
-def _write(out: int, data: bytes) -> None:
-    """All of ``data`` to the file descriptor ``out``."""
-    view = memoryview(data)
-    while view:
-        view = view[os.write(out, view):]
+    if step_file_error(text) is None:
+        return False
+    reported.failed_step = True
+    return True
 
 
 def step_file_error(text: str) -> str | None:

@@ -176,66 +176,111 @@ def test_a_worker_s_relayed_record_of_a_step_s_file_failure_is_dropped() -> None
     assert reported.filter(_record(relayed.replace("[while running", "[in"), name))
 
 
-def _relayed(data: bytes, reported: ReportedFailures) -> bytes:
-    """What ``_relay`` writes of ``data`` written to its pipe."""
-    import os
-    import tempfile
+def _filtered(text: str, reported: ReportedFailures, stopped: bool = False) -> str:
+    """What ``TracebackFilter`` passes of ``text``, fed line by line, then at its end."""
+    from fanin.runners.stderr_relay import TracebackFilter
 
-    from fanin.runners.reported_failures import _relay
-
-    read_end, write_end = os.pipe()
-    os.write(write_end, data)
-    os.close(write_end)
-    with tempfile.TemporaryFile() as out:
-        _relay(read_end, out.fileno(), reported)
-        out.seek(0)
-        return out.read()
+    lines = TracebackFilter(reported._reported_error, lambda: stopped)
+    out = [chunk for line in text.encode().splitlines(keepends=True)
+           for chunk in lines.feed(line)]
+    return b"".join([*out, *lines.flush(end=True)]).decode()
 
 
 def test_worker_processes_printed_tracebacks_of_reported_failures_are_dropped() -> None:
     """The standard error of the local runner's worker processes: a printed traceback (its
-    chained ones and ``print``'s blank line included) of a step's OSError or of an unreadable
-    input is dropped; every other line and traceback passes, in order, also one cut off by
-    the end of the stream."""
+    chained ones and ``print``'s blank line included) whose last exception line is a step's
+    OSError or an unreadable input is dropped; every other line and traceback passes, in
+    order, also one cut off by the end of the stream. A traceback not followed by a blank
+    line ends at its exception line: what comes after it is judged on its own (the
+    review's case: a thread's traceback, then a warning, then a worker's unreadable input;
+    the warning and the thread's traceback were dropped with the worker's traceback)."""
     other = "Traceback (most recent call last):\n  File ...\nKeyError: 'x'\n\n"
-    unreadable = _RELAYED.split("failed:", 1)[1] + "\n\n"
+    thread = ("Exception in thread run_worker:\nTraceback (most recent call last):\n  File "
+              "...\nRuntimeError: Worker subprocess exited with return code -9\n")
+    unreadable = _RELAYED.split("failed:", 1)[1] + " [while running 'Read/Lines']\n\n"
     reported = ReportedFailures()
-    stream = ("warming up\n" + _STEP_FAILURE + "\n" + other + "between\n" + unreadable
-              + "Traceback (most recent call last):\n  File ...")
-    assert _relayed(stream.encode(), reported) == (
-        "warming up\n" + other + "between\n" + "Traceback (most recent call last):\n  File ..."
-    ).encode()
-    assert reported.unreadable
+    stream = ("warming up\n" + _STEP_FAILURE + "\n" + other + thread + "fanin WARNING x\n"
+              + unreadable + "between\n" + "Traceback (most recent call last):\n  File ...")
+    assert _filtered(stream, reported) == (
+        "warming up\n" + other + thread + "fanin WARNING x\n" + "between\n"
+        + "Traceback (most recent call last):\n  File ...")
+    assert reported.unreadable and reported.failed_step
+    assert _filtered(stream, ReportedFailures(), stopped=True) == ""
 
 
-def test_after_ctrl_c_the_stopping_job_s_noise_is_dropped(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_complete_traceback_is_decided_when_nothing_follows_and_a_long_one_passes() -> None:
+    """``flush(end=False)`` (nothing came for a while) decides a traceback whose exception
+    line was read, and holds one still being written; one longer than ``HOLD_BYTES`` is not
+    a traceback's print: it passes as it is."""
+    from fanin.runners.stderr_relay import HOLD_BYTES, TracebackFilter
+
+    lines = TracebackFilter(ReportedFailures()._reported_error, lambda: False)
+    assert lines.feed(b"Traceback (most recent call last):\n") == []
+    assert lines.feed(b"  File ...\n") == [] and lines.flush(end=False) == []
+    assert lines.feed(b"KeyError: 'x'\n") == []
+    assert lines.flush(end=False) == [b"Traceback (most recent call last):\n",
+                                      b"  File ...\n", b"KeyError: 'x'\n"]
+    assert not lines.holding
+    long = [b"Traceback (most recent call last):\n", *[b"  " + b"x" * 1000 + b"\n"] *
+            (HOLD_BYTES // 1000 + 1)]
+    assert b"".join(chunk for line in long for chunk in lines.feed(line)) == b"".join(long)
+
+
+def test_worker_processes_stderr_is_relayed_and_this_process_s_own_bypasses_it(
+        capfd: pytest.CaptureFixture[str]) -> None:
+    """With ``multi_processing``: a child process (as the local runner starts its workers)
+    writes to the file descriptor 2 it inherits: its printed traceback of a step's OSError is
+    dropped, its other lines pass; this process's ``sys.stderr`` and the root logger's
+    handlers write to standard error directly (they waited in the pipe behind a held
+    traceback: a review saw warnings held for the job's length). Afterwards file descriptor
+    2 and ``sys.stderr`` are as they were."""
+    import os
+    import subprocess
+
+    child = ("import sys; sys.stderr.write('child line\\n'); sys.stderr.write(sys.argv[1]); "
+             "sys.stderr.write('\\nchild after\\n'); sys.stderr.flush()")
+    before = (sys.stderr, os.fstat(2).st_ino, os.fstat(2).st_dev)
+    reported = ReportedFailures()
+    with reported.worker_stderr(["--direct_running_mode=multi_processing"]):
+        sys.stderr.write("own line\n")
+        subprocess.run([sys.executable, "-c", child, _STEP_FAILURE], check=True)
+    assert (sys.stderr, os.fstat(2).st_ino, os.fstat(2).st_dev) == before
+    err = capfd.readouterr().err
+    assert "own line\n" in err and "child line\nchild after\n" in err, err
+    assert "Traceback" not in err and reported.failed_step
+
+
+def test_while_ctrl_c_stops_a_job_of_worker_processes_their_noise_is_dropped(
+        capfd: pytest.CaptureFixture[str]) -> None:
     """Ctrl-C stops a job of worker processes (they share the terminal): SIGINT raises
-    KeyboardInterrupt as before and marks the run interrupted; then the runner's records,
-    its threads' printed exceptions and the workers' standard error are dropped (``fanin
-    run`` says it in one line). Fanin's own records pass."""
+    KeyboardInterrupt as before and marks the run interrupted; until the job's end the
+    runner's records, its threads' printed exceptions and the workers' standard error are
+    dropped (``fanin run`` says it in one line). Fanin's own records pass; after the job,
+    everything is heard again (a host program's own records were dropped for good) and
+    SIGINT's handler is Python's again."""
     import os
     import signal
+    import subprocess
 
-    stream = io.StringIO()
-    monkeypatch.setattr(sys, "stderr", stream)
     reported = ReportedFailures()
-    with pytest.raises(KeyboardInterrupt), reported.worker_stderr(), \
-            reported._noting_interrupts():
+    with reported.worker_stderr(["--direct_running_mode=multi_processing"]):
         sys.stderr.write("before\n")
-        os.kill(os.getpid(), signal.SIGINT)
-        for _ in range(1_000_000):  # the handler runs at the next bytecode boundary
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(10_000_000):  # the handler runs at the next bytecode boundary
+                pass
+        except KeyboardInterrupt:
             pass
-    assert reported.interrupted
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    with reported.worker_stderr():
+        assert reported.interrupted
         sys.stderr.write("Exception in thread beam_control_read:\n")
-    assert stream.getvalue() == "before\n"
-    assert not reported.filter(_record("Worker: severity: CRITICAL ...",
-                                       "apache_beam.runners.portability.local_job_service"))
-    assert reported.filter(_record("interrupted", "fanin", logging.INFO))
-    assert _relayed(b"Traceback (most recent call last):\nKeyboardInterrupt\n\n", reported) \
-        == b""
+        subprocess.run([sys.executable, "-c", "import sys; sys.stderr.write('worker\\n')"],
+                       check=True)
+        assert not reported.filter(_record("Worker: severity: CRITICAL ...",
+                                           "apache_beam.runners.portability.local_job_service"))
+        assert reported.filter(_record("interrupted", "fanin", logging.INFO))
+    assert capfd.readouterr().err == "before\n"
+    assert not reported.interrupted and reported.filter(_record("later", "host.app"))
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 def test_prism_s_failed_bundle_of_a_step_s_file_failure_is_one_line() -> None:
