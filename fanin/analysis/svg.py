@@ -24,9 +24,14 @@ _FONT = 'font-family="sans-serif" font-size="12"'
 
 def whole(value: float) -> str:
     """``value`` to the nearest integer, a half away from zero (Python's ``:.0f`` rounds it
-    to even: 14676.5 and 3789.5 showed as 14,676 and 3,790), with thousands separators."""
-    rounded = math.floor(abs(value) + 0.5)
-    return f"{'-' if value < 0 and rounded else ''}{rounded:,}"
+    to even: 14676.5 and 3789.5 showed as 14,676 and 3,790), with thousands separators;
+    NaN and infinities as ``:.0f`` writes them."""
+    if not math.isfinite(value):
+        return f"{value:,.0f}"
+    whole_part = math.trunc(value)
+    if abs(value - whole_part) == 0.5:  # exact for a double: a true half
+        return f"{whole_part + (1 if value > 0 else -1):,}"
+    return f"{round(value):,}"
 
 
 def _number(value: float) -> str:

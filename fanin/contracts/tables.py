@@ -47,6 +47,7 @@ Guarantees:
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -168,8 +169,25 @@ def schema(kind: str) -> pa.Schema:
 
 
 def _json_text(value: Any) -> str:
-    """Compact JSON with sorted keys, its numbers spelled as in the JSONL outputs."""
-    return output_json(value, sort_keys=True)
+    """Compact JSON with sorted keys, its numbers spelled as in the JSONL outputs; a value
+    that is not JSON (NaN or an infinity, a string holding a lone surrogate: never in Fanin's
+    outputs, maybe in a file ``fanin query`` is given) is a ``ValueError``."""
+    try:
+        text = output_json(value, sort_keys=True)
+    except TypeError as exc:  # a lone surrogate
+        raise ValueError(f"not JSON: {exc}") from None
+    if "null" in text and not _finite(value):  # orjson writes NaN and infinities as null
+        raise ValueError("Out of range float values are not JSON compliant")
+    return text
+
+
+def _finite(value: Any) -> bool:
+    """No double in ``value`` is NaN or infinite."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, dict):
+        return all(map(_finite, value.values()))
+    return all(map(_finite, value)) if isinstance(value, list) else True
 
 
 _INT64 = 2**63

@@ -57,33 +57,42 @@ def _prepare_output(output: str, overwrite: bool, kept: Sequence[tuple[str, str]
 
 def _empty(folders: Sequence[str], on_replace: Callable[[], None] | None) -> None:
     """Empty the output ``folders`` of an earlier run, all or nothing: each entry is first
-    moved into a hidden folder of its own output folder (files and links, then folders,
-    the deepest first: the system allows such a move exactly when it allows the deletion,
-    also for a file another user owns in a folder with the sticky bit, or one made
-    immutable); only when all have moved is ``on_replace`` called and the hidden folders
-    deleted. A move refused moves every entry back and raises ``ConfigError`` naming it:
-    nothing is deleted then. The output folders themselves stay (one that is a symbolic link
-    keeps its link and its target, emptied, as ``--output`` itself may be a link)."""
-    moved: list[tuple[str, str]] = []
-    hidden: list[str] = []
-    path = folders[0]
+    moved into a hidden folder of its output folder (or of the file system mounted inside it
+    that holds the entry), files and links first, then folders, the deepest first: the
+    system allows such a move exactly when it allows the deletion, also for a file another
+    user owns in a folder with the sticky bit, or one made immutable; only when all have
+    moved is ``on_replace`` called and the hidden folders deleted. A move refused moves
+    every entry back and raises ``ConfigError`` naming it: nothing is deleted then. The
+    output folders themselves stay (one that is a symbolic link keeps its link and its
+    target, emptied, as ``--output`` itself may be a link), and so does a folder another
+    file system is mounted on, emptied."""
     try:
-        for folder in folders:
-            path = folder
-            trash = os.path.join(folder, f".fanin-replaced-{uuid.uuid4().hex}")
-            os.mkdir(trash, 0o700)
-            hidden.append(trash)
-            for path in _entries(folder, trash):
-                target = os.path.join(trash, str(len(moved)))
-                os.rename(path, target)
-                moved.append((path, target))
+        entries = [entry for folder in folders for entry in _entries(folder)]
+    except OSError as exc:  # a folder in it this user cannot list
+        raise ConfigError(f"--overwrite: cannot list {exc.filename}: {exc.strerror or exc}; "
+                          "nothing was deleted") from None
+    moved: list[tuple[str, str]] = []
+    hidden: dict[str, str] = {}  # where a hidden folder is -> the hidden folder
+    what = ""
+    try:
+        for path, root in entries:
+            trash = hidden.get(root)
+            if trash is None:
+                what = f"the files in {root}"
+                trash = os.path.join(root, f".fanin-replaced-{uuid.uuid4().hex}")
+                os.mkdir(trash, 0o700)
+                hidden[root] = trash
+            what = path
+            target = os.path.join(trash, str(len(moved)))
+            os.rename(path, target)
+            moved.append((path, target))
     except OSError as exc:
-        kept = _move_back(moved, hidden)
-        raise ConfigError(f"--overwrite: cannot delete {path}: {exc.strerror or exc}"
+        kept = _move_back(moved, list(hidden.values()))
+        raise ConfigError(f"--overwrite: cannot delete {what}: {exc.strerror or exc}"
                           f"{kept}; nothing was deleted") from None
     if on_replace is not None:
         on_replace()
-    for trash in hidden:
+    for trash in hidden.values():
         try:
             shutil.rmtree(trash)
         except OSError as exc:
@@ -91,24 +100,30 @@ def _empty(folders: Sequence[str], on_replace: Callable[[], None] | None) -> Non
                               f"{exc.strerror or exc}") from None
 
 
-def _entries(folder: str, skip: str) -> list[str]:
-    """Every entry under ``folder`` but ``skip``: files, links and the like first, then its
-    folders (not followed if links), each after the folders inside it."""
-    files: list[str] = []
-    folders: list[str] = []
+def _entries(folder: str) -> list[tuple[str, str]]:
+    """Every entry under ``folder`` with the folder its hidden folder goes in (``folder``, or
+    the folder a file system inside it is mounted on: a move cannot leave a file system):
+    files, links and the like first, then folders (not followed if links), each after the
+    folders inside it; a folder a file system is mounted on is not listed (it cannot move),
+    what it holds is."""
+    files: list[tuple[str, str]] = []
+    folders: list[tuple[str, str]] = []
 
-    def walk(where: str) -> None:
-        with os.scandir(where) as entries:
-            for entry in sorted(entries, key=lambda e: e.name):
-                if entry.path == skip:
-                    continue
-                if entry.is_dir(follow_symlinks=False):
-                    walk(entry.path)
-                    folders.append(entry.path)
-                else:
-                    files.append(entry.path)
+    def walk(where: str, root: str, device: int) -> None:
+        with os.scandir(where) as scanned:
+            entries = sorted(scanned, key=lambda entry: entry.name)
+        for entry in entries:
+            if not entry.is_dir(follow_symlinks=False):
+                files.append((entry.path, root))
+                continue
+            mounted = entry.stat(follow_symlinks=False).st_dev
+            if mounted != device:  # another file system: emptied, where it is
+                walk(entry.path, entry.path, mounted)
+            else:
+                walk(entry.path, root, device)
+                folders.append((entry.path, root))
 
-    walk(folder)
+    walk(folder, folder, os.stat(folder).st_dev)
     return files + folders
 
 
@@ -222,9 +237,11 @@ def files_in(output: str) -> frozenset[str]:
                      for root, _, names in os.walk(folder) for name in names)
 
 
-def locked_output(config: RunConfig) -> OutputLock:
+def locked_output(config: RunConfig, made: Sequence[str] = ()) -> OutputLock:
     """Lock the local output folder for this run (``OutputLock``), then prepare it
-    (``_prepare_output``): a run refused there leaves the folder as it was."""
+    (``_prepare_output``): a run refused there leaves the folder as it was, less ``made``
+    (``absent_folders`` before the lock: the folders it made) if they are empty; a run
+    refused because another holds the folder touches nothing."""
     _not_a_file(config.output)
     _no_dangling_link(config.output)
     continues = config.reads_pubsub
@@ -244,6 +261,8 @@ def locked_output(config: RunConfig) -> OutputLock:
         if lock.changed:
             lock.release()  # it deleted earlier outputs: not the folder it found
         else:
+            remove_empty(made)  # the output folders it made (the mark keeps the folder)
             lock.abandon()
+            remove_empty(made[-1:])  # the folder too if it made it (and no other run since)
         raise
     return lock

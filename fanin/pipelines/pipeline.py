@@ -269,11 +269,7 @@ def run_pipeline(config: RunConfig, beam_args: Sequence[str],
         drain = Drain() if config.reads_pubsub else None
         build(p, config, catalog, drain)  # a missing input is reported here, before any write
         absent = absent_folders(config.output) if "://" not in config.output else ()
-        try:
-            lock = locked_output(config) if "://" not in config.output else None
-        except BaseException:  # refused there: the folders it made go (the mark went or stays)
-            remove_empty(absent)
-            raise
+        lock = locked_output(config, absent) if "://" not in config.output else None
         before = files_in(config.output) if lock is not None else frozenset()
         result: beam.runners.runner.PipelineResult | None = None
         try:

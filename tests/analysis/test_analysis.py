@@ -670,8 +670,11 @@ def test_report_figures_round_halves_away_from_zero(tmp_path: Path) -> None:
 
     from fanin.analysis.svg import whole
 
-    assert [whole(v) for v in (14676.5, 3789.5, 2.5, 0.5, 0.49, -2.5, -0.4, 1234567.5)] == \
-        ["14,677", "3,790", "3", "1", "0", "-3", "0", "1,234,568"]
+    assert [whole(v) for v in (14676.5, 3789.5, 2.5, 0.5, 0.49, -2.5, -0.4, 1234567.5,
+                               0.49999999999999994, 2.0**53 + 2, -0.5)] == \
+        ["14,677", "3,790", "3", "1", "0", "-3", "0", "1,234,568", "0",
+         "9,007,199,254,740,994", "-1"]
+    assert [whole(v) for v in (float("nan"), float("inf"))] == ["nan", "inf"]
     for kind in tables.KINDS:
         (tmp_path / kind).mkdir()
     rep = dataclasses.replace(report.build_report(tmp_path), latency=(2.5, 14676.5, 3789.5))

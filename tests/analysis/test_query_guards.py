@@ -7,6 +7,7 @@ standard output is one line, not a traceback."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -159,6 +160,30 @@ def test_a_damaged_parquet_file_is_named(outputs: Path, tmp_path: Path,
     assert main(["report", str(out)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"fanin report: error: {damaged}: not a readable Parquet file: ")
+    assert "\n" not in err
+
+
+@pytest.mark.parametrize(("value", "why"), [
+    ("NaN", "Out of range float values are not JSON compliant"),
+    ("-Infinity", "Out of range float values are not JSON compliant"),
+    ('"\\ud800"', "not JSON: str is not valid UTF-8: surrogates not allowed")])
+def test_a_value_that_is_not_json_in_a_closes_file_is_named(
+        outputs: Path, tmp_path: Path, value: str, why: str,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A closes file not written by Fanin (edited by hand) holding NaN in a value: it came
+    back as null, without a word, since the JSON-text columns are written with orjson (the
+    standard encoder refused it); a lone surrogate was a traceback."""
+    out = tmp_path / "out"
+    shutil.copytree(outputs, out)
+    closes = out / "closes" / "closes-all-p0000-s000.jsonl"
+    lines = closes.read_text().splitlines()
+    first = json.loads(lines[0])
+    first["values"] = {"n": "PLACEHOLDER"}
+    lines[0] = json.dumps(first).replace('"PLACEHOLDER"', value)
+    closes.write_text("\n".join(lines) + "\n")
+    assert main(["query", str(out), "select count(*) from closes"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"fanin query: error: {closes}:1: ") and err.endswith(why), err
     assert "\n" not in err
 
 

@@ -443,3 +443,54 @@ def test_overwrite_of_a_file_another_user_owns_in_a_sticky_folder_deletes_nothin
         f"fanin: error: --overwrite: cannot delete {late / 'late-all-p0000-s000.jsonl'}: "
         "Operation not permitted; nothing was deleted")
     assert _files(out) == before
+
+
+def test_a_run_refused_because_another_holds_the_folder_touches_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The other run took the folder and made its empty output folders between this run's
+    look at the folder and its lock: this run, refused, removed them (a review's injected
+    race) while the other still held the folder."""
+    from fanin.io import output_lock
+    from fanin.pipelines import output_folder
+
+    out = tmp_path / "out"
+
+    def taken_meanwhile(output: str, *args: Any, **kwargs: Any) -> Any:
+        for kind in KINDS:  # what the other run made
+            (out / kind).mkdir(parents=True)
+        raise output_lock.FolderBusy(f"--output {output}: another fanin run is writing there")
+
+    monkeypatch.setattr(output_folder.OutputLock, "acquire", taken_meanwhile)
+    assert main(_run(out)) == 2
+    assert sorted(p.name for p in out.iterdir()) == sorted(KINDS)
+
+
+def test_overwrite_empties_a_file_system_mounted_in_an_output_folder(tmp_path: Path) -> None:
+    """A file system mounted on a folder inside ``closes/``: its files cannot move into the
+    output folder's hidden folder (``Invalid cross-device link``), which refused the run for
+    a file it could delete; now they are deleted where they are, and the folder it is mounted
+    on stays, empty."""
+    import shutil
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a file system needs root")
+    out = tmp_path / "out"
+    assert main(_run(out)) == 0
+    expected = _files(out)
+    mounted = out / "closes" / "archive"
+    mounted.mkdir()
+    mount = shutil.which("mount")
+    assert mount, "mount (util-linux) is needed"
+    done = subprocess.run([mount, "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mounted)],
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        pytest.skip(f"this machine does not let root mount a tmpfs: {done.stderr.strip()}")
+    try:
+        (mounted / "old.jsonl").write_text('{"old": 1}\n')
+        (mounted / "deeper").mkdir()
+        (mounted / "deeper" / "older.jsonl").write_text('{"old": 2}\n')
+        assert main(_run(out, "--overwrite")) == 0
+        assert os.path.ismount(mounted) and os.listdir(mounted) == []
+        assert _files(out) == expected
+    finally:
+        subprocess.run(["umount", str(mounted)], check=True)

@@ -174,6 +174,10 @@ def test_a_worker_s_relayed_record_of_a_step_s_file_failure_is_dropped() -> None
     assert not reported.filter(_record(relayed, name))
     assert reported.filter(_record(relayed.replace("OSError", "KeyError"), name))
     assert reported.filter(_record(relayed.replace("[while running", "[in"), name))
+    dataflow = ReportedFailures()  # a runner that retries the bundle: its records are heard
+    assert dataflow.filter(_record(relayed.replace("OSError", "ConnectionResetError"),
+                                   "apache_beam.runners.dataflow.dataflow_runner"))
+    assert not dataflow.failed_step
 
 
 def _filtered(text: str, reported: ReportedFailures, stopped: bool = False) -> str:
