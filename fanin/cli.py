@@ -188,17 +188,22 @@ def _run(args: argparse.Namespace, beam_args: Sequence[str]) -> int:
             "://" not in args.output and not args.overwrite else frozenset()
         try:
             with _quiet_interrupts(), reported.worker_stderr(beam_args):
-                run_pipeline(config, beam_args, runner)
+                try:
+                    run_pipeline(config, beam_args, runner)
+                except Exception as exc:  # the runner's failures: one line (runner_failure),
+                    failure = None if _is_interrupt(exc) else runner_failure(exc, beam_args)
+                    if failure is None:  # said while the job's workers are still kept quiet
+                        raise
+                    print(f"fanin: error: {failure[0]}", file=sys.stderr)
+                    if args.own_process:
+                        reported.quiet_failed_job()
+                    return failure[1]
         except KeyboardInterrupt:
             return _interrupted(args.output)
-        except Exception as exc:  # the runner's failures: one line (runner_failure)
+        except Exception as exc:
             if _is_interrupt(exc):
                 return _interrupted(args.output)
-            failure = runner_failure(exc, beam_args)
-            if failure is None:
-                raise
-            print(f"fanin: error: {failure[0]}", file=sys.stderr)
-            return failure[1]
+            raise
     except (ConfigError, ContractsError, FileNotFoundError, ValueError,
             NotImplementedError) as exc:
         print(f"fanin: error: {_one_line(exc)}", file=sys.stderr)
@@ -344,10 +349,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: Sequence[str] | None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
     logging.getLogger("fanin").setLevel(logging.INFO)
+    own_process = argv is None  # the command line of a process that is fanin's own
     argv = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in argv if not a.startswith("-")), None)
     parser = _parser(command)
     args, rest = parser.parse_known_args(argv)
+    args.own_process = own_process
     run: Callable[..., int] = args.func  # the subcommand's entry point
     if args.command != "run" and rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")

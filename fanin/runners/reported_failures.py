@@ -31,7 +31,10 @@ Guarantees (``ReportedFailures``, installed on the root logger's handlers for on
   retries a failed bundle) are heard;
 - while Ctrl-C stops a job of worker processes (``interrupted``, until ``worker_stderr``
   ends), every record but Fanin's is dropped: the stopping workers' and the runner's
-  threads' reports of it;
+  threads' reports of it; so is every record but Fanin's of a thread other than the main
+  one once ``fanin run`` said why its job failed, in a process that is its own
+  (``quiet_failed_job``: a portable runner's worker in this process goes on with the
+  bundles it was sent);
 - any other record passes (Beam's retries of a network call, a job service's errors).
 
 ``worker_stderr`` drops the tracebacks Beam's SDK workers print to standard error for a
@@ -69,6 +72,7 @@ OS_ERRORS = frozenset(name for name, value in vars(builtins).items()
 _FILE_ERROR_NAME = re.compile(rf"(?:\b|(?<=\\n))(?:{'|'.join(sorted(OS_ERRORS))}): ")
 _ERROR_LINE = re.compile(r"(\w+): (.*\[while running '.*)")
 _TRACEBACK = "Traceback (most recent call last):"
+_BUNDLE_FAILED = re.compile(r"RuntimeError: Bundle processing associated with \S+ has failed\.")
 
 
 # the loggers of what the runner says of a failed job after the worker's error (Prism's log,
@@ -88,6 +92,7 @@ class ReportedFailures(logging.Filter):
         self.unreadable = False  # an input found unreadable was seen: its reports are dropped
         self.interrupted = False  # Ctrl-C stopped a job of worker processes: so is their noise
         self.failed_step = False  # a step's OSError was seen: its reports are dropped
+        self.job_failed = False  # said, in a process that is fanin's: its workers are quiet
 
     @classmethod
     def install(cls) -> ReportedFailures:
@@ -102,8 +107,9 @@ class ReportedFailures(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if record.name == "fanin" or record.name.startswith("fanin."):
             return True
-        if self.interrupted:
-            return False
+        if self.interrupted or (self.job_failed and
+                                record.thread != threading.main_thread().ident):
+            return False  # the stopping job's, or the failed job's (``quiet_failed_job``)
         from fanin.io.inputs import UnreadableInput
 
         found = [record.msg, *(record.args if isinstance(record.args, tuple) else ()),
@@ -181,10 +187,20 @@ class ReportedFailures(logging.Filter):
                 finally:
                     for handler in handlers:
                         handler.setStream(original)
-                    if sys.stderr is quiet:
-                        sys.stderr = original
+                    if sys.stderr is quiet:  # after a failed job, for good (quiet_failed_job)
+                        sys.stderr = _MainThreadOnly(original) if self.job_failed else original
         finally:
             self.interrupted = False  # the job's workers are gone: later records are heard
+
+    def quiet_failed_job(self) -> None:
+        """For the rest of a process that is ``fanin``'s own, once it said in one line why the
+        job failed: what threads but the main one write to standard error or log (but Fanin's
+        own records) is dropped. They
+        are the failed job's: a portable runner's worker in this process (Prism's, Flink's
+        ``LOOPBACK``) runs the bundles already sent to it until the process ends, and prints
+        their failures (a second spill to a full disk; a bundle its runner forgot: ``KeyError:
+        'inst006'``) after that line."""
+        self.job_failed = True
 
     def _reported_error(self, line: str) -> bool:
         """A printed traceback's last exception line is of a failure ``fanin run`` reports:
@@ -210,6 +226,9 @@ class _WorkerStderr:
     def write(self, text: str) -> int:
         if self._reported.interrupted:  # the stopping job's threads
             return len(text)
+        if self._reported.job_failed and threading.current_thread() is not \
+                threading.main_thread():  # the failed job's
+            return len(text)
         dropped = getattr(self._dropped, "last", False)
         self._dropped.last = False
         if text.startswith(_TRACEBACK) and reported_traceback(text, self._reported):
@@ -225,6 +244,21 @@ class _WorkerStderr:
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  trace: TracebackType | None) -> None:
         self._stream.__exit__(kind, error, trace)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+class _MainThreadOnly:
+    """A stream that takes the main thread's writes only (``quiet_failed_job``)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        if threading.current_thread() is not threading.main_thread():
+            return len(text)
+        return self._stream.write(text)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)
@@ -267,11 +301,15 @@ def step_file_error(text: str) -> str | None:
     runner, after the runner's words on Prism) when that line is an ``OSError`` of a step,
     ``"OSError: cannot write ... [while running 'STEP']"`` (the local runner's re-raise):
     ``"cannot write ... [while running 'STEP']"``, as the local runner's own worker gives it;
-    else None."""
-    lines = [line for line in text.splitlines() if line.strip()]
+    else None. A last line of Beam's saying that the bundle had failed before (a split
+    request to a bundle that failed: "RuntimeError: Bundle processing associated with ...
+    has failed. Check prior failing response ...") stands for the failure above it."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
     if _TRACEBACK not in text or not lines:
         return None
-    last = _ERROR_LINE.fullmatch(lines[-1].strip())
+    if _BUNDLE_FAILED.match(lines[-1]):
+        lines = [line for line in lines[:-1] if _ERROR_LINE.fullmatch(line)] or lines
+    last = _ERROR_LINE.fullmatch(lines[-1])
     return last.group(2) if last is not None and last.group(1) in OS_ERRORS else None
 
 

@@ -309,3 +309,43 @@ def test_prism_s_failed_bundle_of_a_step_s_file_failure_is_one_line() -> None:
                                        "apache_beam.utils.subprocess_server", logging.WARNING))
     assert reported.filter(_record("a note", "root", logging.WARNING))
     assert reported.filter(_record(failed.replace("OSError", "KeyError"), "root"))
+    split = (f"split[inst004] error from SDK: RuntimeError: Original Exception: "  # a split
+             f"{_STEP_FAILURE}\nThe above exception was the direct cause of the following "
+             f"exception:\n\nTraceback (most recent call last):\n  File \"sdk_worker.py\"\n"
+             f"RuntimeError: Bundle processing associated with inst004 has failed. Check "
+             f"prior failing response and attached exception for details.\n")
+    assert runner_failure(RuntimeError(f"Pipeline job-001 failed in state FAILED: {split}"),
+                          [])[0].startswith(  # type: ignore[index]
+        "the job failed reading or writing files: cannot write 'o/closes/.x.tmp-lines'")
+    assert not ReportedFailures().filter(_record(split, "PrismRunner"))
+
+
+def test_once_a_failed_job_is_said_the_job_s_threads_are_quiet(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A portable runner's worker in this process (Prism's ``LOOPBACK``) goes on with the
+    bundles it was sent after the job failed, and printed their failures (or a bundle its
+    runner forgot: ``KeyError: 'inst006'``) after ``fanin run``'s line (a loaded CI machine):
+    in a process that is ``fanin``'s own, once the line is said, what other threads write
+    or log is dropped, for good; the main thread's passes."""
+    import threading
+
+    stream = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", stream)
+    reported = ReportedFailures()
+    with reported.worker_stderr():
+        reported.quiet_failed_job()
+        print("fanin: error: the line", file=sys.stderr)
+        other = threading.Thread(target=lambda: print("Traceback ...\nKeyError: 'inst006'",
+                                                      file=sys.stderr))
+        other.start()
+        other.join()
+    late = threading.Thread(target=lambda: sys.stderr.write("later, from a worker\n"))
+    late.start()
+    late.join()
+    sys.stderr.write("the main thread's\n")
+    assert stream.getvalue() == "fanin: error: the line\nthe main thread's\n"
+    record = _record("Failed to read inputs in the data plane.",
+                     "apache_beam.runners.worker.data_plane")
+    record.thread = late.ident
+    assert not reported.filter(record)
+    assert reported.filter(_record("a record of the main thread", "host.app"))
