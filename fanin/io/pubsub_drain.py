@@ -93,7 +93,19 @@ class Drain:
         self._event = threading.Event()
         self._settled = 0
         self.outage: str | None = None  # the error of the read's failing pulls, if failing
+        self._acknowledged = 0
+        self._lock = threading.Lock()
         _DRAINS[self.token] = self
+
+    def acknowledge(self, count: int) -> None:
+        """Count ``count`` messages the read acknowledged (they cannot be read again)."""
+        with self._lock:
+            self._acknowledged += count
+
+    @property
+    def acknowledged(self) -> int:
+        """The messages the read acknowledged so far."""
+        return self._acknowledged
 
     def request(self) -> None:
         """Stop reading: no new pull starts; what was read is processed and written."""
@@ -176,9 +188,10 @@ class _IdlePollingClient:
                                          return_immediately=True, retry=None,
                                          timeout=min(timeout, _PULL_TIMEOUT_S))
         except GoogleAPIError as error:
-            if self._drain.outage is None:
-                _LOG.warning("fanin: pulling %s failed (%s: %s); retrying every %g s until "
-                             "it answers (Ctrl-C drains the run)", subscription,
+            if self._drain.outage != type(error).__name__:  # the first failure, or another
+                _LOG.warning("fanin: pulling %s %s (%s: %s); retrying every %g s until it "
+                             "answers (Ctrl-C drains the run)", subscription,
+                             "failed" if self._drain.outage is None else "now fails",
                              type(error).__name__, str(error).splitlines()[0][:200],
                              _RETRY_WAIT_S)
             self._drain.outage = type(error).__name__
@@ -197,6 +210,7 @@ class _IdlePollingClient:
 
         try:
             self._client.acknowledge(subscription=subscription, ack_ids=ack_ids)
+            self._drain.acknowledge(len(ack_ids))
         except GoogleAPIError as error:
             _LOG.warning("fanin: acknowledging %d message(s) of %s failed (%s); Pub/Sub may "
                          "deliver them again, counted then as duplicates", len(ack_ids),
@@ -282,9 +296,11 @@ TransformEvaluatorRegistry._test_evaluators_overrides[DrainableLocalRead] = (
 
 @contextlib.contextmanager
 def drain_on_signals(drain: Drain, log: logging.Logger) -> Iterator[None]:
-    """While inside, the first SIGINT or SIGTERM requests ``drain`` (logged, one line); a
-    second one aborts: one line logged and ``SystemExit(130)`` (the joins still open are lost;
-    no traceback). Handlers are installed only in the main thread and restored on exit."""
+    """While inside, the first SIGINT, SIGTERM or SIGHUP (the terminal closed: it killed the
+    run, its acknowledged messages unwritten) requests ``drain`` (logged, one line); a second
+    one aborts: one line logged and ``SystemExit(130)`` (the joins still open are lost; no
+    traceback). SIGHUP is left alone when ignored (``nohup``). Handlers are installed only in
+    the main thread and restored on exit."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -299,7 +315,10 @@ def drain_on_signals(drain: Drain, log: logging.Logger) -> Iterator[None]:
                     "deadline and every output is written before exit (signal again to abort "
                     "and lose them)", signal.Signals(signum).name)
 
-    previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+    signals = [signal.SIGINT, signal.SIGTERM]
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+        signals.append(signal.SIGHUP)
+    previous = {sig: signal.signal(sig, handle) for sig in signals}
     try:
         yield
     finally:

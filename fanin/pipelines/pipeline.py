@@ -244,9 +244,11 @@ def run_pipeline(config: RunConfig, beam_args: Sequence[str],
     job in place of a new instance of the ``--runner`` named in ``beam_args`` (which must name
     its class).
 
-    Stopping a Pub/Sub run on the local runner: the first SIGINT (Ctrl-C) or SIGTERM drains it
-    (reading stops, every open join closes as at its deadline, all outputs are written, and this
-    returns normally); a second one exits 130 (``SystemExit``). See docs/reliability.md."""
+    Stopping a Pub/Sub run on the local runner: the first SIGINT (Ctrl-C), SIGTERM or SIGHUP
+    drains it (reading stops, every open join closes as at its deadline, all outputs are
+    written, and this returns normally); a second one exits 130 (``SystemExit``). A run that
+    stops otherwise (a failed write) logs how many messages its read had acknowledged. See
+    docs/reliability.md."""
     config.validate()
     catalog = catalog_for(config)
     options = configure_options(config, beam_args)
@@ -293,7 +295,13 @@ def run_pipeline(config: RunConfig, beam_args: Sequence[str],
                     return result
                 result.wait_until_finish()
         except BaseException as exc:
-            _stopped(exc, result, lock, before, config.output, absent)
+            _stopped(exc, result, lock, before, config.output, absent,
+                     drain.acknowledged if drain is not None else 0)
+            if drain is not None and drain.acknowledged and lock is not None:
+                _LOG.error("fanin: %d message(s) of %s were acknowledged before the run "
+                           "stopped: those not in %s are lost (Pub/Sub does not deliver "
+                           "them again)", drain.acknowledged,
+                           config.subscription or config.topic, config.output)
             raise
         if lock is not None:
             lock.finish()
@@ -310,17 +318,19 @@ def run_pipeline(config: RunConfig, beam_args: Sequence[str],
 
 def _stopped(exc: BaseException, result: beam.runners.runner.PipelineResult | None,
              lock: OutputLock | None, before: frozenset[str], output: str,
-             absent: Sequence[str]) -> None:
+             absent: Sequence[str], acknowledged: int = 0) -> None:
     """A run that stopped before its end: a job it started on a job service is cancelled on
     Ctrl-C (it would run on, writing into a folder no longer locked); the output folder keeps
     its mark if the run changed it (``OutputLock``), or if a second signal aborted its drain
     (``SystemExit``: the joins it held are in no file, though their messages were read and
-    acknowledged, and an output topic may have some of their closes); else the mark goes and
-    so do the output folders it made (``absent``) if they are empty: the folder is as it was."""
+    acknowledged, and an output topic may have some of their closes), or if its Pub/Sub read
+    had ``acknowledged`` messages (a write that failed before any file was written: they are
+    in no file and cannot be read again); else the mark goes and so do the output folders it
+    made (``absent``) if they are empty: the folder is as it was."""
     if result is not None and isinstance(exc, KeyboardInterrupt):
         with contextlib.suppress(Exception):  # the local runner's job has stopped already
             result.cancel()
-    if lock is not None and (lock.changed or isinstance(exc, SystemExit)
+    if lock is not None and (lock.changed or isinstance(exc, SystemExit) or acknowledged
                              or files_in(output) != before):
         lock.release()  # the outputs are partial: the folder keeps its mark
     elif lock is not None:  # refused, or failed, before it changed anything

@@ -148,3 +148,31 @@ def test_an_output_topic_deleted_under_a_running_job_loses_nothing(
     assert [line.split(" fanin: ")[1].split(" (")[0] for line in reports] == [
         f"1 output(s) not published to {closes_topic}",
         f"2 output(s) not published to {closes_topic}"], reports
+
+
+def test_an_outage_whose_cause_changes_is_logged_again(caplog: Any) -> None:
+    """The emulator restarted without the subscription: the run logged only the first cause
+    (the service unavailable) while every later pull failed for another (the subscription
+    gone), which showed only in the recovery line, if any. A failing client stands in for
+    the service (the fault injected)."""
+    from google.api_core.exceptions import NotFound, ServiceUnavailable
+
+    from fanin.io.pubsub_drain import Drain, _IdlePollingClient
+
+    errors = [ServiceUnavailable("down"), ServiceUnavailable("down"), NotFound("gone"),
+              NotFound("gone")]
+
+    class Failing:
+        def pull(self, **_: Any) -> Any:
+            raise errors.pop(0)
+
+    drain = Drain()
+    drain.request()  # its waits between retries return at once
+    client = _IdlePollingClient(Failing(), drain)
+    with caplog.at_level("WARNING", logger="fanin"):
+        for _ in range(4):
+            client.pull("projects/p/subscriptions/s", 10, 1.0)
+    said = [r.getMessage() for r in caplog.records if "pulling" in r.getMessage()]
+    assert len(said) == 2, said
+    assert "s failed (ServiceUnavailable: 503 down)" in said[0]
+    assert "s now fails (NotFound: 404 gone)" in said[1]

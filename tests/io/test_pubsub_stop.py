@@ -204,3 +204,60 @@ def test_a_signal_while_the_job_starts_drains_what_was_read(
     left = pubsub_emulator.collect(subscription, lambda got: False, 2.0)
     assert accounted["messages"] + accounted["late"] + accounted["dead_letter"] + len(left) \
         == len(messages)
+
+
+def test_sighup_drains_like_sigterm(pubsub_emulator: PubSubEmulator, tmp_path: Path) -> None:
+    """The terminal closing (SIGHUP, sent to a job started with ``&`` when its shell exits)
+    killed the run: exit 129, no line, every acknowledged message in no output. It drains."""
+    topic, subscription = pubsub_emulator.topic_and_subscription("hangup")
+    waiting = [f"waiting-{i}" for i in range(5)]
+    messages: list[Any] = [m for j in waiting for m in (_open(j, 600), _receipt(j, "a"))]
+    messages += [_open("sentinel", 600), _receipt("sentinel", "a"), _receipt("sentinel", "b")]
+    _publish(pubsub_emulator, topic, messages)
+    out = tmp_path / "out"
+    run = _start(subscription, out, tmp_path / "run")
+    try:
+        assert run.until(lambda: "sentinel" in _logged_closes(run), DEADLINE_S), run.stderr()
+        run.signal(signal.SIGHUP)
+        assert run.wait(DEADLINE_S) == 0, run.stderr()
+    finally:
+        run.stop()
+    assert "SIGHUP: draining" in run.stderr() and "Traceback" not in run.stderr()
+    assert set(_closes(out)) == {*waiting, "sentinel"}
+    assert _accounted([out])["messages"] == len(messages)
+
+
+def test_a_write_that_fails_before_any_file_keeps_the_mark_and_counts_what_was_acknowledged(
+    pubsub_emulator: PubSubEmulator, tmp_path: Path
+) -> None:
+    """Files limited to 4,000 bytes (the run's standard error, a file here, too): the run's
+    first write of its closes (40 joins, ~14 KB) fails. The run had
+    acknowledged the messages it pulled, which are then in no file and not in the
+    subscription; it removed its output folder as a run that changed nothing (no mark, so
+    ``fanin query`` said "no such output directory") and said nothing of them. Now the folder
+    keeps its mark and the run says how many it acknowledged, before its one line."""
+    from fanin.io.output_lock import UNFINISHED, folder_state
+
+    topic, subscription = pubsub_emulator.topic_and_subscription("fails")
+    messages: list[Any] = []
+    for i in range(40):
+        join_id = f"full-{i}"
+        messages += [_open(join_id, 600), _receipt(join_id, "a"), _receipt(join_id, "b")]
+    _publish(pubsub_emulator, topic, messages)
+    out = tmp_path / "out"
+    run = FaninRun(["--subscription", subscription, "--output", str(out), "--window-s", "1"],
+                   tmp_path / "run", env={"FANIN_TEST_FILE_LIMIT": "4000"},
+                   launcher=Path(__file__).parents[1] / "support" / "small_files.py")
+    try:
+        assert run.wait(DEADLINE_S) == 1, run.stderr()
+    finally:
+        run.stop()
+    lines = run.stderr().strip().splitlines()
+    assert lines[-1].startswith("fanin: error: the job failed reading or writing files: "
+                                "cannot write ") and "File too large" in lines[-1], lines[-3:]
+    counted = [line for line in lines if "were acknowledged before the run stopped" in line]
+    assert len(counted) == 1 and f"of {subscription} were acknowledged" in counted[0]
+    acknowledged = int(counted[0].split("fanin: ", 1)[1].split(" ", 1)[0])
+    assert 1 <= acknowledged <= len(messages)
+    assert len(pubsub_emulator.pull(subscription)) == len(messages) - acknowledged
+    assert folder_state(str(out)) == UNFINISHED and "Traceback" not in run.stderr()
