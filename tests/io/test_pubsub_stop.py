@@ -76,6 +76,41 @@ def _logged_closes(run: FaninRun) -> set[str]:
     return {event["join_id"] for event in events}
 
 
+def _published_joins(emulator: PubSubEmulator, name: str, joins: int
+                     ) -> tuple[str, list[Any]]:
+    """A new subscription holding ``joins`` complete joins (600 s deadlines): its path and
+    the messages published."""
+    topic, subscription = emulator.topic_and_subscription(name)
+    messages: list[Any] = []
+    for i in range(joins):
+        join_id = f"{name}-{i}"
+        messages += [_open(join_id, 600), _receipt(join_id, "a"), _receipt(join_id, "b")]
+    _publish(emulator, topic, messages)
+    return subscription, messages
+
+
+def _launched(subscription: str, output: Path, folder: Path, launcher: str,
+              env: dict[str, str] | None = None) -> FaninRun:
+    """A run of ``subscription`` through a test double of ``tests/support``."""
+    return FaninRun(["--subscription", subscription, "--output", str(output), "--window-s",
+                     "1"], folder, env=env, launcher=Path(__file__).parents[1] / "support" /
+                    launcher)
+
+
+def _stopped_once_closed(subscription: str, output: Path, folder: Path, join_id: str,
+                         sig: int) -> FaninRun:
+    """A run of ``subscription`` that gets ``sig`` once it logged the close of ``join_id``,
+    and exits 0 (a drain)."""
+    run = _start(subscription, output, folder)
+    try:
+        assert run.until(lambda: join_id in _logged_closes(run), DEADLINE_S), run.stderr()
+        run.signal(sig)
+        assert run.wait(DEADLINE_S) == 0, run.stderr()
+    finally:
+        run.stop()
+    return run
+
+
 def test_stop_drains_and_a_second_run_gets_the_rest(
     pubsub_emulator: PubSubEmulator, tmp_path: Path
 ) -> None:
@@ -163,13 +198,7 @@ def test_a_backlog_is_read_before_the_clock_decides_its_joins(
     while _now_ms() <= opened + 5_000:  # the run starts once j's deadline has passed
         time.sleep(0.1)
     out = tmp_path / "out"
-    run = _start(subscription, out, tmp_path / "run")
-    try:
-        assert run.until(lambda: "j" in _logged_closes(run), DEADLINE_S), run.stderr()
-        run.signal(signal.SIGINT)
-        assert run.wait(DEADLINE_S) == 0, run.stderr()
-    finally:
-        run.stop()
+    _stopped_once_closed(subscription, out, tmp_path / "run", "j", signal.SIGINT)
     close = _closes(out)["j"]
     assert (close["reason"], close["counts"]["messages"]) == ("complete", 3)
     assert read_outputs(out, "late") == []
@@ -184,16 +213,9 @@ def test_a_signal_while_the_job_starts_drains_what_was_read(
     installed only after ``run`` returned: that Ctrl-C was "interrupted before it wrote
     anything", exit 130, and the pulled messages were in no output and no longer in the
     subscription.) ``tests/support/sigint_in_run.py`` places the signal there."""
-    topic, subscription = pubsub_emulator.topic_and_subscription("early")
-    messages: list[Any] = []
-    for i in range(40):
-        join_id = f"early-{i}"
-        messages += [_open(join_id, 600), _receipt(join_id, "a"), _receipt(join_id, "b")]
-    _publish(pubsub_emulator, topic, messages)
+    subscription, messages = _published_joins(pubsub_emulator, "early", 40)
     out = tmp_path / "out"
-    run = FaninRun(["--subscription", subscription, "--output", str(out), "--window-s", "1"],
-                   tmp_path / "run", launcher=Path(__file__).parents[1] / "support" /
-                   "sigint_in_run.py")
+    run = _launched(subscription, out, tmp_path / "run", "sigint_in_run.py")
     try:
         assert run.wait(DEADLINE_S) == 0, run.stderr()
     finally:
@@ -215,13 +237,7 @@ def test_sighup_drains_like_sigterm(pubsub_emulator: PubSubEmulator, tmp_path: P
     messages += [_open("sentinel", 600), _receipt("sentinel", "a"), _receipt("sentinel", "b")]
     _publish(pubsub_emulator, topic, messages)
     out = tmp_path / "out"
-    run = _start(subscription, out, tmp_path / "run")
-    try:
-        assert run.until(lambda: "sentinel" in _logged_closes(run), DEADLINE_S), run.stderr()
-        run.signal(signal.SIGHUP)
-        assert run.wait(DEADLINE_S) == 0, run.stderr()
-    finally:
-        run.stop()
+    run = _stopped_once_closed(subscription, out, tmp_path / "run", "sentinel", signal.SIGHUP)
     assert "SIGHUP: draining" in run.stderr() and "Traceback" not in run.stderr()
     assert set(_closes(out)) == {*waiting, "sentinel"}
     assert _accounted([out])["messages"] == len(messages)
@@ -238,16 +254,10 @@ def test_a_write_that_fails_before_any_file_keeps_the_mark_and_counts_what_was_a
     keeps its mark and the run says how many it acknowledged, before its one line."""
     from fanin.io.output_lock import UNFINISHED, folder_state
 
-    topic, subscription = pubsub_emulator.topic_and_subscription("fails")
-    messages: list[Any] = []
-    for i in range(40):
-        join_id = f"full-{i}"
-        messages += [_open(join_id, 600), _receipt(join_id, "a"), _receipt(join_id, "b")]
-    _publish(pubsub_emulator, topic, messages)
+    subscription, messages = _published_joins(pubsub_emulator, "full", 40)
     out = tmp_path / "out"
-    run = FaninRun(["--subscription", subscription, "--output", str(out), "--window-s", "1"],
-                   tmp_path / "run", env={"FANIN_TEST_FILE_LIMIT": "4000"},
-                   launcher=Path(__file__).parents[1] / "support" / "small_files.py")
+    run = _launched(subscription, out, tmp_path / "run", "small_files.py",
+                    {"FANIN_TEST_FILE_LIMIT": "4000"})
     try:
         assert run.wait(DEADLINE_S) == 1, run.stderr()
     finally:
