@@ -157,21 +157,22 @@ def relayed_stderr(reported: Callable[[str], bool], stopped: Callable[[], bool]
     read_end, write_end = os.pipe()
     relay = threading.Thread(target=_pump, daemon=True, name="fanin-worker-stderr",
                              args=(read_end, original, TracebackFilter(reported, stopped)))
+    ours = [read_end, write_end]  # the pipe's ends this function still has to close
     try:
         os.dup2(write_end, 2)
-        os.close(write_end)
+        os.close(ours.pop())
         relay.start()
+        ours.clear()  # the relay closes the read end when the pipe ends
         yield own
     finally:
         own.flush()
         sys.stderr.flush()
         os.dup2(original, 2)  # the pipe ends when the workers, stopped by now, let it go
         own.close()
-        if relay.is_alive():
+        started = not ours
+        for end in ours:
+            os.close(end)
+        if started:
             relay.join(timeout=WAIT_S)
-        else:  # it never started: the pipe is ours to close
-            for end in (read_end, write_end):
-                with contextlib.suppress(OSError):
-                    os.close(end)
         if not relay.is_alive():  # else a worker still holds the pipe: the relay goes on
             os.close(original)
