@@ -195,11 +195,10 @@ class ReportedFailures(logging.Filter):
     def quiet_failed_job(self) -> None:
         """For the rest of a process that is ``fanin``'s own, once it said in one line why the
         job failed: what threads but the main one write to standard error or log (but Fanin's
-        own records) is dropped. They
-        are the failed job's: a portable runner's worker in this process (Prism's, Flink's
-        ``LOOPBACK``) runs the bundles already sent to it until the process ends, and prints
-        their failures (a second spill to a full disk; a bundle its runner forgot: ``KeyError:
-        'inst006'``) after that line."""
+        own records) is dropped. They are the failed job's: a portable runner's worker in this
+        process (Prism's, Flink's ``LOOPBACK``) runs the bundles already sent to it until the
+        process ends, and prints their failures (a second spill to a full disk; a bundle its
+        runner forgot: ``KeyError: 'inst006'``) after that line."""
         self.job_failed = True
 
     def _reported_error(self, line: str) -> bool:
