@@ -65,4 +65,3 @@ def encode_line(obj: dict[str, Any]) -> str:
     digits, the rest of the object as orjson writes it (the standard encoder would spell the
     object's doubles otherwise: ``1e-07``)."""
     return output_json(obj)
-

@@ -172,7 +172,7 @@ class ReportedFailures(logging.Filter):
         original = sys.stderr
         processes = _worker_processes(beam_args)
         try:
-            with (relayed_stderr(self._reported_error, lambda: self.interrupted) if processes
+            with (relayed_stderr(self.reported_traceback, lambda: self.interrupted) if processes
                   else contextlib.nullcontext(original)) as stream:
                 quiet = _WorkerStderr(stream, self)
                 sys.stderr = quiet
@@ -188,9 +188,21 @@ class ReportedFailures(logging.Filter):
                     for handler in handlers:
                         handler.setStream(original)
                     if sys.stderr is quiet:  # after a failed job, for good (quiet_failed_job)
-                        sys.stderr = _MainThreadOnly(original) if self.job_failed else original
+                        sys.stderr = _WorkerStderr(original, self) if self.job_failed else original
         finally:
             self.interrupted = False  # the job's workers are gone: later records are heard
+
+    def reported_traceback(self, text: str) -> bool:
+        """Whether a printed traceback ``text`` is of a failure ``fanin run`` reports in its
+        one line: an input a worker could not read, an ``OSError`` of a step (either noted: a
+        worker prints it before the runner hears of it)."""
+        if UNREADABLE.search(text):
+            self.unreadable = True
+            return True
+        if step_file_error(text) is None:
+            return False
+        self.failed_step = True
+        return True
 
     def quiet_failed_job(self) -> None:
         """For the rest of a process that is ``fanin``'s own, once it said in one line why the
@@ -200,19 +212,6 @@ class ReportedFailures(logging.Filter):
         process ends, and prints their failures (a second spill to a full disk; a bundle its
         runner forgot: ``KeyError: 'inst006'``) after that line."""
         self.job_failed = True
-
-    def _reported_error(self, line: str) -> bool:
-        """A printed traceback's last exception line is of a failure ``fanin run`` reports:
-        an input a worker could not read (noted), an ``OSError`` of a step."""
-        if UNREADABLE.search(line):
-            self.unreadable = True
-            return True
-        error = _ERROR_LINE.fullmatch(line)
-        if error is None or error.group(1) not in OS_ERRORS:
-            return False
-        self.failed_step = True
-        return True
-
 
 class _WorkerStderr:
     """Standard error, less a printed traceback that names an ``UnreadableInput`` (and the
@@ -230,7 +229,7 @@ class _WorkerStderr:
             return len(text)
         dropped = getattr(self._dropped, "last", False)
         self._dropped.last = False
-        if text.startswith(_TRACEBACK) and reported_traceback(text, self._reported):
+        if text.startswith(_TRACEBACK) and self._reported.reported_traceback(text):
             self._dropped.last = True
             return len(text)
         if dropped and text == "\n":  # print's end after the dropped traceback
@@ -243,21 +242,6 @@ class _WorkerStderr:
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  trace: TracebackType | None) -> None:
         self._stream.__exit__(kind, error, trace)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._stream, name)
-
-
-class _MainThreadOnly:
-    """A stream that takes the main thread's writes only (``quiet_failed_job``)."""
-
-    def __init__(self, stream: TextIO) -> None:
-        self._stream = stream
-
-    def write(self, text: str) -> int:
-        if threading.current_thread() is not threading.main_thread():
-            return len(text)
-        return self._stream.write(text)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)
@@ -280,19 +264,6 @@ def _worker_processes(beam_args: Sequence[str]) -> bool:
 
     options = PipelineOptions(list(beam_args)).view_as(DirectOptions)
     return options.direct_running_mode == "multi_processing"
-
-
-def reported_traceback(text: str, reported: ReportedFailures) -> bool:
-    """Whether a printed traceback ``text`` is of a failure ``fanin run`` reports in its one
-    line: an input a worker could not read, an ``OSError`` of a step (either noted in
-    ``reported``: a worker prints it before the runner hears of it)."""
-    if UNREADABLE.search(text):
-        reported.unreadable = True
-        return True
-    if step_file_error(text) is None:
-        return False
-    reported.failed_step = True
-    return True
 
 
 def step_file_error(text: str) -> str | None:

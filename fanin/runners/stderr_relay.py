@@ -7,12 +7,12 @@ they fail. ``relayed_stderr`` puts a pipe there for a job's duration, read by a 
 writes what comes to the original standard error through a ``TracebackFilter``.
 
 Guarantees:
-- ``TracebackFilter`` passes every line, in order, but each printed traceback whose last
-  exception line ``reported`` takes (its chained tracebacks and ``print``'s blank line
-  included). A traceback is held from its ``Traceback (most recent call last):`` line until
-  the line after its exception line (or the blank line after it, to see whether a chained one
-  follows), at most ``HOLD_BYTES``; lines of one process written while another's traceback is
-  held may come after it. Once ``stopped()`` (Ctrl-C stopped the job), it passes nothing.
+- ``TracebackFilter`` passes every line, in order, but each printed traceback that
+  ``reported`` takes (its chained tracebacks and ``print``'s blank line included). A
+  traceback is held from its ``Traceback (most recent call last):`` line until the line after
+  its exception line (or the blank line after it, to see whether a chained one follows), at
+  most ``HOLD_BYTES``; lines of one process written while another's traceback is held may
+  come after it. Once ``stopped()`` (Ctrl-C stopped the job), it passes nothing.
 - ``relayed_stderr`` yields a text stream on the original standard error for this process's
   own writes (they never wait in the pipe: ``fanin run``'s lines and logs keep their order);
   on exit it waits up to ``WAIT_S`` for the workers, stopped by then, to let the pipe go,
@@ -41,17 +41,16 @@ _IDLE_S = 0.25  # a traceback complete but for what may follow it is decided aft
 
 
 class TracebackFilter:
-    """Lines in, lines out, less the printed tracebacks ``reported`` takes (by their last
-    exception line, as text). ``feed`` one line at a time (with its newline); ``flush`` when
-    nothing came for a while (``end=False``: a complete traceback is decided) or at the end
-    of the stream (everything held is decided or passed)."""
+    """Lines in, lines out, less the printed tracebacks ``reported`` takes (given each
+    traceback's text, ended at its exception line). ``feed`` one line at a time (with its
+    newline); ``flush`` when nothing came for a while (``end=False``: a complete traceback is
+    decided) or at the end of the stream (everything held is decided or passed)."""
 
     def __init__(self, reported: Callable[[str], bool], stopped: Callable[[], bool]) -> None:
         self._reported, self._stopped = reported, stopped
         self._held: list[bytes] = []
         self._size = 0
         self._state = "idle"  # idle, frames, error (after it), blank (after that), chain
-        self._error = b""  # the last exception line held
 
     def feed(self, line: bytes) -> list[bytes]:
         if self._stopped():
@@ -66,7 +65,6 @@ class TracebackFilter:
             if line.startswith((b" ", b"\t")) or line == b"\n":
                 self._hold(line, "frames")
             else:
-                self._error = line
                 self._hold(line, "error")
         elif state == "error" and line == b"\n":
             self._hold(line, "blank")
@@ -99,7 +97,7 @@ class TracebackFilter:
         return bool(self._held)
 
     def _decided(self) -> list[bytes]:
-        if self._reported(self._error.decode("utf-8", "replace").strip()):
+        if self._reported(b"".join(self._held).decode("utf-8", "replace")):
             self._reset()
             return []
         return self._passed()
@@ -110,7 +108,7 @@ class TracebackFilter:
         return held
 
     def _reset(self) -> None:
-        self._held, self._size, self._state, self._error = [], 0, "idle", b""
+        self._held, self._size, self._state = [], 0, "idle"
 
 
 def _pump(read_end: int, out: int, lines: TracebackFilter) -> None:

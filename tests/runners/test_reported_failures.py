@@ -184,7 +184,7 @@ def _filtered(text: str, reported: ReportedFailures, stopped: bool = False) -> s
     """What ``TracebackFilter`` passes of ``text``, fed line by line, then at its end."""
     from fanin.runners.stderr_relay import TracebackFilter
 
-    lines = TracebackFilter(reported._reported_error, lambda: stopped)
+    lines = TracebackFilter(reported.reported_traceback, lambda: stopped)
     out = [chunk for line in text.encode().splitlines(keepends=True)
            for chunk in lines.feed(line)]
     return b"".join([*out, *lines.flush(end=True)]).decode()
@@ -218,7 +218,7 @@ def test_a_complete_traceback_is_decided_when_nothing_follows_and_a_long_one_pas
     a traceback's print: it passes as it is."""
     from fanin.runners.stderr_relay import HOLD_BYTES, TracebackFilter
 
-    lines = TracebackFilter(ReportedFailures()._reported_error, lambda: False)
+    lines = TracebackFilter(ReportedFailures().reported_traceback, lambda: False)
     assert lines.feed(b"Traceback (most recent call last):\n") == []
     assert lines.feed(b"  File ...\n") == [] and lines.flush(end=False) == []
     assert lines.feed(b"KeyError: 'x'\n") == []
