@@ -34,7 +34,10 @@ Guarantees (``ReportedFailures``, installed on the root logger's handlers for on
   threads' reports of it; so is every record but Fanin's of a thread other than the main
   one once ``fanin run`` said why its job failed, in a process that is its own
   (``quiet_failed_job``: a portable runner's worker in this process goes on with the
-  bundles it was sent);
+  bundles it was sent); and once a failure ``fanin run`` reports was seen (``reporting``),
+  every record of Beam's SDK worker (``apache_beam.runners.worker.*``) of a thread other than
+  the main one: the in-process worker's threads' reports of the job being torn down
+  ("Failed to read inputs in the data plane", on Flink);
 - any other record passes (Beam's retries of a network call, a job service's errors).
 
 ``worker_stderr`` drops the tracebacks Beam's SDK workers print to standard error for a
@@ -43,8 +46,10 @@ failure ``fanin run`` reports (``reported_traceback``: an input a worker could n
 process, and with ``multi_processing`` those of the worker processes, whose inherited
 standard error goes through a pipe for the job's duration (``fanin.runners.stderr_relay``;
 this process's own writes and logs bypass it); while Ctrl-C stops such a job, everything
-written to standard error but Fanin's own lines. Everything else written to standard error
-passes unchanged.
+written to standard error but Fanin's own lines; once such a failure was seen, what threads
+other than the main one write to it (the in-process worker's gRPC threads, "Exception in
+thread run_worker_1-1", as Flink tears the job down). Everything else written to standard
+error passes unchanged.
 """
 
 from __future__ import annotations
@@ -82,6 +87,8 @@ _RELAYS = frozenset({"PrismRunner", "apache_beam.utils.subprocess_server"})
 # messages (Beam's job client logs a failed job's message at the root, Prism its own)
 _WORKER_LOGS = "apache_beam.runners.portability.local_job_service"
 _JOB_LOGS = frozenset({"root", "PrismRunner"})
+# the loggers of Beam's SDK worker (in this process under a portable runner's ``LOOPBACK``)
+_WORKER = "apache_beam.runners.worker."
 
 
 class ReportedFailures(logging.Filter):
@@ -107,9 +114,10 @@ class ReportedFailures(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if record.name == "fanin" or record.name.startswith("fanin."):
             return True
-        if self.interrupted or (self.job_failed and
-                                record.thread != threading.main_thread().ident):
-            return False  # the stopping job's, or the failed job's (``quiet_failed_job``)
+        if self.interrupted or (record.thread != threading.main_thread().ident and (
+                self.job_failed or (self.reporting and record.name.startswith(_WORKER)))):
+            return False  # the stopping job's, the failed job's (``quiet_failed_job``), or
+            # this process's SDK worker's once the failure it reports was seen
         from fanin.io.inputs import UnreadableInput
 
         found = [record.msg, *(record.args if isinstance(record.args, tuple) else ()),
@@ -192,6 +200,13 @@ class ReportedFailures(logging.Filter):
         finally:
             self.interrupted = False  # the job's workers are gone: later records are heard
 
+    @property
+    def reporting(self) -> bool:
+        """A failure ``fanin run`` reports in its line was seen (an unreadable input, a step's
+        ``OSError``): the job is failing, and what its workers' other threads say of it
+        while it stops is noise (``worker_stderr``)."""
+        return self.unreadable or self.failed_step
+
     def reported_traceback(self, text: str) -> bool:
         """Whether a printed traceback ``text`` is of a failure ``fanin run`` reports in its
         one line: an input a worker could not read, an ``OSError`` of a step (either noted: a
@@ -224,9 +239,9 @@ class _WorkerStderr:
     def write(self, text: str) -> int:
         if self._reported.interrupted:  # the stopping job's threads
             return len(text)
-        if self._reported.job_failed and threading.current_thread() is not \
-                threading.main_thread():  # the failed job's
-            return len(text)
+        if (self._reported.job_failed or self._reported.reporting) and \
+                threading.current_thread() is not threading.main_thread():
+            return len(text)  # the failed job's, or the failing job's threads'
         dropped = getattr(self._dropped, "last", False)
         self._dropped.last = False
         if text.startswith(_TRACEBACK) and self._reported.reported_traceback(text):

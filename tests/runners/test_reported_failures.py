@@ -119,16 +119,17 @@ def test_a_record_whose_arguments_do_not_fit_is_left_to_the_handler() -> None:
 def test_a_newline_of_another_thread_is_not_taken_for_the_traceback_s(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The newline ``print`` writes after the dropped traceback is dropped in the thread that
-    printed it only; another thread's lone newline written in between is kept."""
+    printed it only; another thread's lone newline written in between is kept (the main
+    thread's: other threads are quiet once the failure is seen)."""
     import threading
 
     stream = io.StringIO()
     monkeypatch.setattr(sys, "stderr", stream)
     with ReportedFailures().worker_stderr():
-        sys.stderr.write(_RELAYED.split(":", 1)[1])
-        other = threading.Thread(target=lambda: sys.stderr.write("\n"))
-        other.start()
-        other.join()
+        worker = threading.Thread(target=lambda: sys.stderr.write(_RELAYED.split(":", 1)[1]))
+        worker.start()
+        worker.join()
+        sys.stderr.write("\n")
         sys.stderr.write("next\n")
     assert stream.getvalue() == "\nnext\n"  # (it was "next\n": the other's newline taken)
 
@@ -349,3 +350,46 @@ def test_once_a_failed_job_is_said_the_job_s_threads_are_quiet(
     record.thread = late.ident
     assert not reported.filter(record)
     assert reported.filter(_record("a record of the main thread", "host.app"))
+
+
+def test_once_a_reported_failure_is_seen_the_worker_s_other_threads_are_quiet(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Flink tears a job down after the in-process (``LOOPBACK``) worker's bundle failed on an
+    unreadable input; in about 1 run of 15 the worker's gRPC threads printed "Exception in
+    thread run_worker_1-1" and logged "Failed to read inputs in the data plane" before
+    ``fanin run``'s line. Once a failure Fanin reports is seen, while the job runs, what
+    other threads write to standard error is dropped, and so are the records of Beam's SDK
+    worker in other threads; the main thread's, Fanin's and other loggers' pass (Dataflow's
+    job messages come from a thread of its own)."""
+    import threading
+
+    stream = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", stream)
+    reported = ReportedFailures()
+
+    def in_thread(action: object) -> int:
+        thread = threading.Thread(target=action)  # type: ignore[arg-type]
+        thread.start()
+        thread.join()
+        assert thread.ident is not None
+        return thread.ident
+
+    with reported.worker_stderr():
+        in_thread(lambda: sys.stderr.write("a worker thread's words before the failure\n"))
+        assert not reported.filter(_record("Error processing instruction", "apache_beam."
+                                           "runners.worker.sdk_worker", error=UnreadableInput(
+                                               "input a.gz cannot be decompressed")))
+        ident = in_thread(lambda: sys.stderr.write(
+            "Exception in thread run_worker_1-1:\nTraceback (most recent call last):\n"
+            "grpc._channel._MultiThreadedRendezvous: <... StatusCode.CANCELLED>\n"))
+        sys.stderr.write("the main thread's\n")
+    assert stream.getvalue() == ("a worker thread's words before the failure\n"
+                                 "the main thread's\n")
+    for name, heard in (("apache_beam.runners.worker.data_plane", False),
+                        ("apache_beam.runners.dataflow.dataflow_runner", True),
+                        ("fanin.io.inputs", True)):
+        record = _record("Failed to read inputs in the data plane.", name)
+        record.thread = ident
+        assert reported.filter(record) is heard, name
+    assert reported.filter(_record("Failed to read inputs in the data plane.",
+                                   "apache_beam.runners.worker.data_plane"))
