@@ -53,8 +53,9 @@ EPOCH, COUNT, HORIZON, WAKE, TOMB, FULL, BYTES = range(7)
 _META_DEFAULTS = (None, 0)  # FULL, BYTES of a META written by an earlier Fanin (see _read_meta)
 
 
-# join id -> (epoch, count, reducer, the bag's records in bag order, their latest event time)
-_Entry = tuple[int, int, JoinReducer, list[R.Record], int]
+# join id -> (epoch, count, reducer, the bag's records in bag order, their latest event time,
+# the last decision over them when it was Pending: (the horizon it was asked at, its wake_at))
+_Entry = tuple[int, int, JoinReducer, list[R.Record], int, tuple[int, int] | None]
 _Cache = OrderedDict[str, _Entry]
 # The reducer caches of this process, by JoinDoFn token (the last _MAX_CACHES used). The local
 # runner runs every bundle with a fresh unpickled copy of the DoFn; copies of one JoinDoFn share
@@ -163,8 +164,9 @@ class JoinDoFn(_Counting):
         return reducer
 
     def _remember(self, join_id: str, epoch: int, count: int, reducer: JoinReducer,
-                  records: list[R.Record], latest: int) -> None:
-        self._cache[join_id] = (epoch, count, reducer, records, latest)
+                  records: list[R.Record], latest: int,
+                  pending: tuple[int, int] | None = None) -> None:
+        self._cache[join_id] = (epoch, count, reducer, records, latest, pending)
         self._cache.move_to_end(join_id)
         while len(self._cache) > self._cache_size:
             self._cache.popitem(last=False)
@@ -175,27 +177,54 @@ class JoinDoFn(_Counting):
         return cached if cached is not None and cached[0] == epoch and cached[1] == count \
             else None
 
+    def _decision(self, join_id: str, epoch: int, count: int, records: list[R.Record],
+                  horizon: int) -> Closed | Undefined | Pending:
+        """``decide(records, catalog, horizon)``, remembered while it is ``Pending``.
+
+        A decision ``Pending(w)`` at a horizon depends only on the records with event time up
+        to ``w``: the walk (``decide``) returns at ``w`` or before, and the candidate times a
+        later record adds (its ``opened_at``) fold nothing and keep the reducer as it was.
+        So while the horizon stays and every record added since has an event time after
+        ``w`` (``_arrive`` forgets it otherwise), the decision is still ``Pending(w)``: a join
+        that arrivals after its pending time keep asking (an ``eager`` join receiving records
+        after ``D``) decides in O(1), not by walking all it holds each time (quadratic). Only
+        for ``records`` that are the cache's entry for this epoch and count."""
+        entry = self._cached(join_id, epoch, count)
+        if entry is not None and entry[3] is records:
+            pending = entry[5]
+            if pending is not None and pending[0] == horizon:
+                return Pending(pending[1])
+        outcome = _core(decide, records, self._catalog, horizon)
+        if isinstance(outcome, Pending) and entry is not None and entry[3] is records:
+            self._cache[join_id] = (*entry[:5], (horizon, outcome.wake_at))
+        return outcome
+
     def _records(self, join_id: str, value: list[Any], msgs: Any) -> list[R.Record]:
         """The bag's records: the cached list when the cache holds this epoch and count."""
         cached = self._cached(join_id, value[EPOCH], value[COUNT])
         return cached[3] if cached is not None else list(msgs.read())
 
     @staticmethod
-    def _decide_now(reducer: JoinReducer, record: R.Record, horizon: int, wake: int | None
-                    ) -> bool:
+    def _decide_now(reducer: JoinReducer, record: R.Record, horizon: int, wake: int | None,
+                    count: int) -> bool:
         """Whether a closable join must run the closing decision on this arrival.
 
-        Eager joins always do (they close now). A watermark join whose decision timer is
-        already pending at ``wake`` need not when the record is not earlier than ``wake``: it
-        cannot change what is decided before ``wake``, and the timer re-decides with it. This
-        keeps a hot watermark join from re-deciding on every arrival.
+        Eager joins always do (they close now; ``_decision`` answers at once while a pending
+        decision stands). A watermark join whose decision timer is already pending at
+        ``wake`` need not when the record is not earlier than ``wake``: it cannot change what
+        is decided before ``wake``, and the timer re-decides with it. This keeps a hot
+        watermark join from re-deciding on every arrival. Nor, holding ``_WALK_LIMIT``
+        records or more (``count``, before this one), when it is earlier (out of event-time
+        order): the timer decides over all it holds then, where deciding on each such
+        arrival walked every record each time (docs/spec.md §4).
         """
         if reducer.definition.close_trigger == "eager":
             return True
-        return wake is None or wake <= horizon or record[R.TIME] < wake
+        return wake is None or wake <= horizon or (record[R.TIME] < wake and
+                                                   count < _WALK_LIMIT)
 
-    def _moved_behind_now(self, records: list[R.Record], reducer: JoinReducer, latest: int,
-                          horizon: int) -> bool:
+    def _moved_behind_now(self, join_id: str, epoch: int, count: int, records: list[R.Record],
+                          reducer: JoinReducer, latest: int, horizon: int) -> bool:
         """Whether an ``eager`` join whose ``D`` lies before its latest record closes on this
         arrival: records moved ``D`` behind themselves (docs/spec.md §2, step 2) and the
         records received make the join closable under the new definition (§4, eager). Not
@@ -207,7 +236,7 @@ class JoinDoFn(_Counting):
         deadline = _core(reducer.deadline)
         if deadline is None or deadline >= latest:
             return False
-        outcome = _core(decide, records, self._catalog, horizon)
+        outcome = self._decision(join_id, epoch, count, records, horizon)
         return isinstance(outcome, Closed) and outcome.decided_at > outcome.deadline
 
     def _first_decision(self, records: list[R.Record], deadline: int) -> int:
@@ -239,7 +268,7 @@ class JoinDoFn(_Counting):
             meta_value[HORIZON], meta_value[WAKE]
         size = meta_value[BYTES]
         while records:
-            outcome = _core(decide, records, self._catalog, horizon)
+            outcome = self._decision(join_id, epoch, count, records, horizon)
             if isinstance(outcome, Closed):
                 outputs = _core(_all, closed_outputs, outcome)  # before the state changes
                 self._cache.pop(join_id, None)
@@ -395,18 +424,22 @@ class JoinDoFn(_Counting):
         msgs.add(record)
         self._holding = True
         if cached is not None:
-            reducer, records, latest = cached[2], cached[3], cached[4]
+            reducer, records, latest, pending = cached[2], cached[3], cached[4], cached[5]
             _core(reducer.add, record)
             records.append(record)
             latest = max(latest, record[R.TIME])
-            self._remember(join_id, epoch, count + 1, reducer, records, latest)
+            # a pending decision stands for records after its time (``_decision``)
+            self._remember(join_id, epoch, count + 1, reducer, records, latest,
+                           pending if pending is not None and record[R.TIME] > pending[1]
+                           else None)
         else:
             records = list(msgs.read())
             reducer = self._rebuild(join_id, epoch, count + 1, records)
             latest = self._cache[join_id][4]
         if record[R.TIME] <= horizon or (_core(reducer.closable) and self._decide_now(
-                reducer, record, horizon, wake)) or (count < _WALK_LIMIT and self._moved_behind_now(
-                    records, reducer, latest, horizon)):
+                reducer, record, horizon, wake, count)) or (
+                    count < _WALK_LIMIT and self._moved_behind_now(
+                        join_id, epoch, count + 1, records, reducer, latest, horizon)):
             # _settle writes META (or clears the state) on every path
             yield from self._settle(join_id, records,
                                     [epoch, count + 1, horizon, wake, None, None, size], msgs,

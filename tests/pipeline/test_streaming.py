@@ -275,3 +275,56 @@ def test_a_hot_watermark_join_closes_once_at_the_least_time() -> None:
          add(*[receipt("b", 2 + i) for i in range(1, 6)]), watermark(10)],
         {CLOSES: equal_to([("j", "complete", "00:00:02", 3)]),
          LATE: equal_to([("j", "after_close", "complete", "b")] * 5)}, PROJECT)
+
+
+def _walks(monkeypatch: Any) -> list[int]:
+    """The number of records of each closing decision the streaming join asks for (``decide``
+    counted where ``fanin.transforms.join_streaming`` calls it, in this process)."""
+    from fanin.transforms import join_streaming
+
+    walked: list[int] = []
+    decide = join_streaming.decide
+
+    def counted(records: list[Any], *args: Any) -> Any:
+        walked.append(len(records))
+        return decide(records, *args)
+
+    monkeypatch.setattr(join_streaming, "decide", counted)
+    return walked
+
+
+def test_arrivals_after_a_pending_decision_do_not_walk_the_join_again(monkeypatch: Any
+                                                                      ) -> None:
+    """An eager join made closable only by messages after ``D`` waits for the watermark to
+    pass ``D`` (docs/spec.md §4); the 300 messages that keep arriving after ``D`` meanwhile
+    each walked every message the join held (45,000 records in all: quadratic; 32,000 such
+    receipts took 87 s against 2.7 s bounded). A pending decision stands for messages after
+    its time: the walks are now linear in the messages."""
+    walked = _walks(monkeypatch)
+    run_stream(
+        [add(open_msg(contract="strict"), receipt("a", 11), receipt("b", 11.5)),
+         add(*[receipt("b", 12 + i / 100) for i in range(300)]), watermark(100)],
+        {CLOSES: equal_to([("j", "timeout", "00:00:10", 1)]),
+         LATE: equal_to([("j", "after_deadline", "timeout", "a")] +
+                        [("j", "after_deadline", "timeout", "b")] * 301)}, PROJECT)
+    assert 0 < sum(walked) <= 4 * 303, (len(walked), sum(walked))
+
+
+def test_a_large_watermark_join_is_not_re_decided_on_each_earlier_arrival(monkeypatch: Any
+                                                                          ) -> None:
+    """A ``watermark`` join complete at 5 s (its timer pending there) then receives 1,100
+    earlier retries of ``a`` reporting ``error`` (lower attempts): each arrival earlier than
+    the pending close re-walked the join (8,000 such receipts took 93 s against 3 s
+    bounded). A join holding 1,000 messages or more is decided by its timer instead
+    (docs/spec.md §4), with the same close: every message, complete at 5 s."""
+    from fanin.transforms.join_streaming import _WALK_LIMIT
+
+    walked = _walks(monkeypatch)
+    run_stream(
+        [add(open_msg(contract="watch"), receipt("a", 5, attempt=2000), receipt("b", 5)),
+         add(*[receipt("a", (i + 1) / 1000, attempt=i + 1, status="error")
+               for i in range(1100)]), watermark(100)],
+        {CLOSES: equal_to([("j", "complete", "00:00:05", 1103)]), LATE: equal_to([])},
+        PROJECT)
+    assert walked and sum(1 for n in walked if n > _WALK_LIMIT) <= 2, \
+        [n for n in walked if n > _WALK_LIMIT]
