@@ -28,7 +28,7 @@ _fields = {
                                   "2026-02-30T00:00:00Z", "yesterday"]) | _any,
     "contract": st.sampled_from(["triage", "other", ""]) | _any,
     "run_id": _any, "message_id": _any, "required": _names, "optional": _names,
-    "deadline_s": st.sampled_from([30, 30.0, 0, -1, 2**53, 2**63, 1e308, 0.0005]) | _any,
+    "deadline_s": st.sampled_from([30, 30.0, 0, 0.0, -0.0, -1, 2**53, 2**63, 1e308, 0.0005]) | _any,
     "allow_partial": _any, "fail_fast": _any,
 }
 

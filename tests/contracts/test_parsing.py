@@ -92,6 +92,10 @@ def test_an_integer_deadline_beyond_double_range_is_capped_like_1e300() -> None:
 
     assert deadline("9" * 401) == deadline("1e300") == deadline("1e15")  # was "a valid number"
     assert deadline("-" + "9" * 401) == "field deadline_s: Input should be greater than 0"
+    # zero however written is not > 0 (docs/spec.md §2: 1e-400 reads as 0); 0.0005 is 0 ms
+    for zero in ("0", "0.0", "-0.0", "0e5", "1e-400"):
+        assert deadline(zero) == "field deadline_s: Input should be greater than 0", zero
+    assert deadline("0.0005") == 0 and deadline("1.001") == 1_001
 
 
 @pytest.mark.parametrize("field", ["deadline_s", "retention_s"])

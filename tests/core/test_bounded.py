@@ -190,3 +190,31 @@ def test_a_hot_join_id_over_many_rounds_reads_its_records_a_few_times_per_limit(
     outputs = list(bounded_outputs(join, catalog, 50, 16 << 20))
     assert kinds(outputs) == Counter({"undefined_join": 2000})
     assert join.reads <= 4 * 2000 // 50 + 4, join.reads
+
+
+def test_the_per_join_byte_limit_counts_utf8_bytes_not_characters() -> None:
+    """docs/spec.md §4: a join holds at most ``--max-bytes-per-join`` bytes of messages. Two
+    receipts whose values are 45 ``é`` (two bytes each in UTF-8) fit the limit counted in
+    characters but not in bytes: the second is ``join_too_large``, and the join, missing b,
+    times out."""
+    import json
+
+    from fanin.contracts.parsing import parse_message
+
+    catalog = make_catalog()
+    value = "\u00e9" * 45
+    recs = [parse_message(json.dumps(m, ensure_ascii=False), ("in.jsonl", i),
+                          catalog.contracts)[0]
+            for i, m in enumerate([open_msg(contract="strict"), receipt("a", 1, value=value),
+                                   receipt("b", 2, value=value)])]
+    assert all(recs)
+    chars = sum(len(r[R.RAW]) for r in recs)
+    utf8 = sum(len(r[R.RAW].encode()) for r in recs)
+    limit = utf8 - 1
+    assert chars < limit
+    outputs = list(bounded_outputs(recs, catalog, 100, limit))
+    assert [(kind, obj.get("error")) for kind, obj in outputs if kind == "dead_letter"] == [
+        ("dead_letter", "join_too_large")]
+    closes = [obj for kind, obj in outputs if kind == "closes"]
+    assert [(c["reason"], c["counts"]["messages"]) for c in closes] == [("timeout", 2)]
+    assert next(obj for kind, obj in outputs if kind == "dead_letter")["raw"] == recs[2][R.RAW]

@@ -166,3 +166,25 @@ def test_the_specs_example_of_a_definition_over_time() -> None:
     assert closed.close["counts"]["messages"] == 1
     assert [(record[R.R_BRANCH], reason) for record, reason in closed.late] \
         == [("b", "after_deadline")]
+
+
+def test_a_message_that_moves_the_deadline_exactly_to_its_own_time_is_in_the_close() -> None:
+    """a and b arrive with no definition at 0 s; a copy of a at 10 s names ``strict`` (D =
+    opened_at + 10 s = 10 s, its own time). D is not before it, so the walk goes on (§2, step
+    3) and the join closes at 10 s holding all three: a message at exactly D is included.
+    Taken as moved behind it, the join closed at 0 s and the copy was late."""
+    closed, _ = outcome([receipt("a", 0), receipt("b", 0), receipt("a", 10, contract="strict")])
+    assert closed is not None and closed.reason == "complete"
+    assert closed.close["closed_at"] == "2026-01-01T00:00:10.000Z" and closed.late == []
+    assert closed.close["counts"]["messages"] == 3
+
+
+def test_a_deadline_capped_at_year_9999_gives_the_latency_to_the_cap() -> None:
+    """D = opened_at + deadline_s is capped at 9999-12-31T23:59:59.999Z (§2): an open 10 s
+    before it with ``deadline_s`` 30 times out at the cap, 9,999 ms after it opened."""
+    opened = "9999-12-31T23:59:50.000Z"
+    closed, _ = outcome([{"kind": "open", "join_id": "j", "opened_at": opened,
+                          "required": ["a"], "deadline_s": 30}])
+    assert closed is not None and closed.reason == "timeout"
+    assert closed.close["closed_at"] == closed.close["deadline"] == "9999-12-31T23:59:59.999Z"
+    assert closed.close["latency_ms"] == 9_999

@@ -344,3 +344,45 @@ def test_incremental_answers_equal_a_recount_after_every_message(
         recount = (not close["missing"] and not close["failed"] and not close["conflicts"],
                    not close["missing"], len(close["conflicts"]))
         assert (reducer.complete(), reducer.all_reported(), reducer.conflict_count()) == recount
+
+
+# --- which spelling of JSON-equal values a close shows (docs/spec.md §3, §5) -----------------
+
+def test_the_close_shows_the_earliest_copy_of_a_duplicate_by_message_id_then_run_id() -> None:
+    """Two copies of a's receipt at one time, JSON-equal (``1`` and ``1.0``): the close shows
+    the earliest by event time, then ``message_id`` (m1), then ``run_id`` (r1 would win on
+    run_id alone)."""
+    close = close_of([
+        open_msg(required=["a"]),
+        receipt("a", 1, value=1.0, message_id="m2", run_id="r1"),
+        receipt("a", 1, value=1, message_id="m1", run_id="r2"),
+    ])
+    assert json.dumps(close["values"]) == '{"a": 1}'
+    assert json.dumps(close["branches"]["a"]["value"]) == "1"
+    assert close["counts"]["duplicates"] == 1 and close["conflicts"] == []
+
+
+def test_a_key_written_with_json_equal_values_shows_the_least_branch_s_spelling() -> None:
+    """a writes ``k = 1``, b writes ``k = 1.0``: JSON-equal, no conflict; the value shown is
+    a's (the least branch), ``1``, whichever comes first."""
+    for first, second in (("a", "b"), ("b", "a")):
+        values = {"a": 1, "b": 1.0}
+        close = close_of([
+            open_msg(required=["a", "b"]),
+            receipt(first, 1, key="k", value=values[first]),
+            receipt(second, 1, key="k", value=values[second]),
+        ])
+        assert json.dumps(close["values"]) == '{"k": 1}' and close["conflicts"] == []
+
+
+def test_error_receipts_differing_in_their_error_text_are_a_changed_duplicate() -> None:
+    """The content of a receipt is its status, key, value and error (docs/spec.md §3): two
+    ``error`` receipts of a at one attempt saying different things are ``duplicate_changed``,
+    so a ``fail_fast`` join does not close on them: it times out at D."""
+    close = close_of([
+        open_msg(required=["a"], fail_fast=True, deadline_s=30),
+        receipt("a", 1, status="error", error="boom"),
+        receipt("a", 1, status="error", error="bang"),
+    ])
+    assert kinds(close) == [("duplicate_changed", "a")]
+    assert close["reason"] == "timeout" and close["closed_at"].endswith("00:00:30.000Z")
