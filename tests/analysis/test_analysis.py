@@ -743,3 +743,36 @@ def test_the_close_reasons_chart_stays_within_max_buckets(
     assert len(reasons.categories) <= report.MAX_BUCKETS
     assert (reasons.categories[0], reasons.note) == (label, note)
     assert sum(reasons.total(r) for r in ("complete", "partial", "timeout")) == 2
+
+
+def test_report_figures_are_the_outputs_numbers(tmp_path: Path) -> None:
+    """Every chart's figures from outputs written by hand: continuous percentiles overall
+    and per contract (README), the narrowest time bucket of at most ``MAX_BUCKETS`` columns,
+    late lines by their own reason, the ``TOP_N`` branches most often missing (ties by name),
+    and files a hidden name leaves out (``.`` or ``_``: a copy is not counted twice)."""
+    rng = random.Random(1)
+    closes = []
+    for i, (closed, latency) in enumerate(((T0, 1_000), (T0 + 59_000, 2_000))):
+        close = close_obj(i, rng)
+        close.update(contract="triage", reason="timeout", latency_ms=latency,
+                     opened_at=format_ms(closed - latency), closed_at=format_ms(closed),
+                     missing=[f"b{i}{n:02d}" for n in range(8)], failed=[])
+        closes.append(close)
+    late = [{"join_id": "j0000", "reason": "after_close", "close_reason": "complete",
+             "message": {"join_id": "j0000", "branch": "rank"}}]
+    write_jsonl(tmp_path, {"closes": closes, "late": late, "dead_letter": []})
+    shutil.copy(tmp_path / "closes" / "part-0.jsonl", tmp_path / "closes" / "_copy.jsonl")
+    shutil.copy(tmp_path / "closes" / "part-0.jsonl", tmp_path / "closes" / ".copy.jsonl")
+    rep = report.build_report(tmp_path)
+    assert rep.rows == {"closes": 2, "late": 1, "dead_letter": 0}
+    assert rep.latency == (1_500.0, 1_950.0, 1_990.0)
+    assert rep.chart("latency").series == (("p50", (1_500.0,)), ("p95", (1_950.0,)),
+                                           ("p99", (1_990.0,)))
+    assert "latency:      p50 1,500 / p95 1,950 / p99 1,990 ms" in report.summary_text(rep)
+    over_time = rep.chart("close-reasons")
+    assert over_time.note == "bucket: 1 second" and len(over_time.categories) == 60
+    assert rep.chart("late").categories == ("after_close",)
+    missing = rep.chart("missing")
+    assert missing.categories == tuple(sorted(b for c in closes for b in c["missing"]))[
+        :report.TOP_N]
+    assert len(missing.categories) == report.TOP_N == 15

@@ -169,6 +169,17 @@ def test_json_equality() -> None:
 def test_contracts_file_errors_name_file_contract_and_field(tmp_path: object) -> None:
     cases = {
         "contracts:\n  - name: a\n    deadline_s: -1\n": "contract 'a': field deadline_s",
+        # zero is not > 0 (joins would time out the moment they open)
+        "contracts:\n  - name: a\n    deadline_s: 0\n":
+            "contract 'a': field deadline_s: Input should be greater than 0",
+        "contracts:\n  - name: a\n    required: [x]\n    optional: [x]\n":
+            "branches both required and optional: ['x']",
+        # a field the file format does not have is refused, not ignored
+        "contracts:\n  - name: a\ndefaults:\n  deadline_s: 5\n":
+            "unknown top-level field(s) ['defaults']",
+        # a $ref cycle reached only on an array (docs/spec.md §6 probes [] and {} too)
+        "contracts:\n  - name: a\n    schemas: {k: {if: {type: array}, then: {$ref: '#'}}}\n":
+            "refers to itself without end",
         "contracts:\n  - name: a\n    allow_partial: 'yes'\n": "field allow_partial",
         "contracts:\n  - name: a\n    colse_trigger: eager\n": "field colse_trigger",
         "contracts:\n  - name: a\n  - name: a\n": "duplicate contract name",

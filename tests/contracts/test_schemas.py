@@ -142,3 +142,12 @@ def test_a_ref_to_a_schema_named_like_a_value_keyword_still_loads(schema: dict[s
     assert first_error(validator_for(schema), value) is None
     assert first_error(validator_for(schema), "x") == (None if value != 1 else
                                                        "'x' is not of type 'integer'")
+
+
+def test_a_violation_s_detail_is_the_validator_s_message_cut_at_500_characters() -> None:
+    """docs/spec.md §5: a ``schema_violation``'s detail is the validator's message, at most 500
+    characters: a longer message is cut there, a short one kept whole."""
+    validator = validator_for({"maxLength": 1})
+    detail = first_error(validator, "x" * 600)
+    assert detail is not None and len(detail) == 500 and detail.startswith("'xxx")
+    assert first_error(validator, "xy") == "'xy' is too long"
