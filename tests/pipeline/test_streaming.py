@@ -20,7 +20,8 @@ from fanin.core.outcomes import CLOSES, DEAD_LETTER, LATE
 from fanin.transforms.join import JoinRecords
 from fanin.transforms.parse import ParseMessages
 
-EPOCH_S = parse_rfc3339("2026-01-01T00:00:00Z") / 1000
+EPOCH_MS = parse_rfc3339("2026-01-01T00:00:00Z")
+EPOCH_S = EPOCH_MS / 1000
 END_S = EPOCH_S + 10**7  # past every deadline + retention used here (docs/beam-notes.md trap)
 
 Event = tuple[str, Any]
@@ -31,17 +32,22 @@ def add(*messages: dict[str, Any]) -> Event:
 
 
 def watermark(seconds: float) -> Event:
+    """The watermark to ``seconds`` after the epoch, to the millisecond."""
     return ("wm", seconds)
 
 
-def _stamp(message: dict[str, Any]) -> float:
+def _micros(seconds: float) -> Timestamp:
+    return Timestamp(micros=EPOCH_MS * 1000 + round(seconds * 1000) * 1000)
+
+
+def _stamp(message: dict[str, Any]) -> Timestamp:
     text = message.get("opened_at") if message.get("kind") == "open" else message["event_time"]
-    return parse_rfc3339(text) / 1000
+    return Timestamp(micros=parse_rfc3339(text) * 1000)
 
 
 def run_stream(events: Sequence[Event], checks: dict[str, Callable[[list[Any]], None]],
                project: dict[str, Callable[[dict[str, Any]], Any]],
-               max_messages: int = 100_000) -> None:
+               max_messages: int = 100_000, max_bytes: int | None = None) -> None:
     """Replay ``events`` through Parse + streaming Join; ``checks`` run on projected outputs."""
     stream = TestStream()
     for kind, arg in events:
@@ -50,14 +56,15 @@ def run_stream(events: Sequence[Event], checks: dict[str, Callable[[list[Any]], 
                 TimestampedValue((json.dumps(m).encode(), {"kind": "test"}), _stamp(m))
                 for m in arg])
         else:
-            stream.advance_watermark_to(Timestamp(EPOCH_S + arg))
+            stream.advance_watermark_to(_micros(arg))
     stream.advance_watermark_to(Timestamp(END_S)).advance_watermark_to_infinity()
     options = PipelineOptions(["--runner=BundleBasedDirectRunner", "--streaming"])
     catalog = make_catalog()
     with TestPipeline(options=options) as p:
         parsed = p | stream | ParseMessages(frozenset(catalog.contracts))
+        limits = {} if max_bytes is None else {"max_bytes_per_join": max_bytes}
         joined = parsed.records | JoinRecords(catalog, streaming=True,
-                                              max_messages_per_join=max_messages)
+                                              max_messages_per_join=max_messages, **limits)
         outputs = {CLOSES: joined[CLOSES], LATE: joined[LATE],
                    DEAD_LETTER: (joined[DEAD_LETTER], parsed[DEAD_LETTER]) | beam.Flatten()}
         for name, check in checks.items():
@@ -328,3 +335,114 @@ def test_a_large_watermark_join_is_not_re_decided_on_each_earlier_arrival(monkey
         PROJECT)
     assert walked and sum(1 for n in walked if n > _WALK_LIMIT) <= 2, \
         [n for n in walked if n > _WALK_LIMIT]
+
+
+# --- messages at exactly a boundary: D, the tombstone's end, a pending time, the horizon -----
+
+def _close_ms(close: dict[str, Any]) -> tuple[Any, ...]:
+    return (close["reason"], close["closed_at"][11:23], close["counts"]["messages"])
+
+
+def _late_at(line: dict[str, Any]) -> tuple[Any, ...]:
+    message = line["message"]
+    return (line["reason"], line["close_reason"], message.get("branch"),
+            (message.get("event_time") or message["opened_at"])[11:23])
+
+
+EXACT = {CLOSES: _close_ms, LATE: _late_at, DEAD_LETTER: lambda d: d["error"]}
+
+
+def test_a_watermark_at_a_close_time_still_admits_messages_at_it() -> None:
+    """``watch`` is complete at 2.001 s (b's attempt 2); the watermark then stands at exactly
+    2.001 s, which still admits messages at 2.001 s (timers fire 1 ms after the time they
+    decide, docs/spec.md §4): a's attempt 2 there, an ``error``, undoes completeness, and the
+    join times out at D holding all six."""
+    run_stream(
+        [add(open_msg(contract="watch"), receipt("a", 1), receipt("b", 2, value="v")),
+         add(receipt("b", 2, value="w")), add(receipt("b", 2.001, attempt=2, value="z")),
+         watermark(2.001), add(receipt("a", 2.001, attempt=2, status="error")),
+         watermark(100)],
+        {CLOSES: equal_to([("timeout", "00:00:10.000", 6)]), LATE: equal_to([])}, EXACT)
+
+
+def test_a_message_at_exactly_the_tombstone_s_end_is_late() -> None:
+    """``short`` closes at 2 s (D 10 s, retention 5 s): a message at exactly D + retention
+    (15 s) is late, not the start of a next join (docs/spec.md §4, tombstones)."""
+    run_stream(
+        [add(open_msg(contract="short"), receipt("a", 1), receipt("b", 2)), watermark(12),
+         add(receipt("a", 15, contract="short")), watermark(100)],
+        {CLOSES: equal_to([("complete", "00:00:02.000", 3)]),
+         LATE: equal_to([("after_deadline", "complete", "a", "00:00:15.000")]),
+         DEAD_LETTER: equal_to([])}, EXACT)
+
+
+def test_an_eager_close_on_an_arrival_at_its_pending_time_is_final() -> None:
+    """``strict`` (D 10 s) holds b and a after D: pending at D. a at exactly 10 s completes it:
+    the eager join closes on that arrival, so b's redelivery after it is late ``after_close``
+    (the decision pending at 10 s does not stand for a message at 10 s)."""
+    run_stream(
+        [add(open_msg(contract="strict"), receipt("b", 3)), add(receipt("a", 11)),
+         add(receipt("a", 10)), add(receipt("b", 3))],
+        {CLOSES: equal_to([("complete", "00:00:10.000", 3)]),
+         LATE: equal_to([("after_deadline", "complete", "a", "00:00:11.000"),
+                         ("after_close", "complete", "b", "00:00:03.000")])}, EXACT)
+
+
+def test_an_eager_join_completed_at_exactly_its_deadline_closes_on_arrival() -> None:
+    run_stream(
+        [add(open_msg(contract="strict"), receipt("a", 1)), add(receipt("b", 10)),
+         add(receipt("a", 1))],
+        {CLOSES: equal_to([("complete", "00:00:10.000", 3)]),
+         LATE: equal_to([("after_close", "complete", "a", "00:00:01.000")])}, EXACT)
+
+
+def test_a_message_at_exactly_the_known_horizon_is_decided_on_arrival() -> None:
+    """The watermark passed 3 s, where ``watch`` is complete (b at 3 s); x (5 s, an unknown
+    branch) waits. Then, in one bundle, b's attempt 2 at exactly 3 s and a's ``error`` at 2 s:
+    b's is at the horizon the join knows, so it is decided on arrival: the close at 3 s holds
+    it (five messages) and x is late; a's error comes after that close: late too."""
+    run_stream(
+        [add(open_msg(contract="watch"), receipt("a", 1), receipt("b", 3, value="v")),
+         add(receipt("b", 3, value="w")), watermark(3.001), add(receipt("x", 5)),
+         add(receipt("b", 3, attempt=2), receipt("a", 2, attempt=2, status="error")),
+         watermark(100)],
+        {CLOSES: equal_to([("complete", "00:00:03.000", 5)]),
+         LATE: equal_to([("after_close", "complete", "x", "00:00:05.000"),
+                         ("after_close", "complete", "a", "00:00:02.000")])}, EXACT)
+
+
+def test_the_first_message_over_the_byte_limit_ends_what_the_join_holds() -> None:
+    """docs/spec.md §4: the per-join byte limit. The limit fits the open, a and b, not a's
+    400-byte attempt 2: that attempt ends what the join holds, so b after it is
+    ``join_too_large`` too and the join times out holding two."""
+    parts = (open_msg(contract="strict"), receipt("a", 1), receipt("b", 3))
+    limit = sum(len(json.dumps(m).encode()) for m in parts) + 20
+    run_stream(
+        [add(parts[0]), add(parts[1]), add(receipt("a", 2, attempt=2, value="x" * 400)),
+         add(parts[2]), watermark(100)],
+        {CLOSES: equal_to([("timeout", "00:00:10.000", 2)]), LATE: equal_to([]),
+         DEAD_LETTER: equal_to(["join_too_large", "join_too_large"])}, EXACT, max_bytes=limit)
+
+
+def test_messages_waiting_for_a_tombstone_count_their_bytes_once() -> None:
+    """The next join's messages, received while ``short``'s tombstone lives, wait for it; the
+    byte limit fits each join whole: the next join closes complete at 17 s, nothing refused."""
+    first = [open_msg(contract="short"), receipt("a", 1), receipt("b", 2)]
+    later = [open_msg(at=16, contract="short"), receipt("a", 16), receipt("b", 17)]
+    limit = max(sum(len(json.dumps(m).encode()) for m in ms) for ms in (first, later)) + 10
+    run_stream(
+        [add(*first), watermark(12), add(later[0]), add(later[1]), add(later[2]),
+         watermark(100)],
+        {CLOSES: equal_to([("complete", "00:00:02.000", 3), ("complete", "00:00:17.000", 3)]),
+         LATE: equal_to([]), DEAD_LETTER: equal_to([])}, EXACT, max_bytes=limit)
+
+
+def test_a_message_beyond_the_limit_at_exactly_the_close_time_is_too_large() -> None:
+    """A full join (limit 2) closes at D = 10 s; a message beyond the limit is late only if
+    the join closes before its event time (docs/spec.md §4): b at exactly 10 s is
+    ``join_too_large``."""
+    run_stream(
+        [add(open_msg(contract="strict"), receipt("a", 1)), add(receipt("b", 10)),
+         watermark(100)],
+        {CLOSES: equal_to([("timeout", "00:00:10.000", 2)]), LATE: equal_to([]),
+         DEAD_LETTER: equal_to(["join_too_large"])}, EXACT, max_messages=2)
