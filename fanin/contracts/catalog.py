@@ -216,8 +216,14 @@ class Catalog:
         return definition
 
 
-def _describe(loc: tuple[Any, ...]) -> str:
-    return ".".join(str(part) for part in loc) or "(contract)"
+def _described(error: Any) -> str:
+    """One pydantic error as ``field F: what`` (the contract as a whole: ``what``), without
+    pydantic's "Value error, " before a validator's own words."""
+    context = error.get("ctx") or {}
+    message = str(context["error"]) if error["type"] == "value_error" and "error" in context \
+        else error["msg"]
+    where = ".".join(str(part) for part in error["loc"])
+    return f"field {where}: {message}" if where else message
 
 
 class _JSONLoader(yaml.SafeLoader):  # type: ignore[misc]  # yaml has no stubs here
@@ -400,10 +406,7 @@ def parse_contracts(text: str, origin: str = "<contracts>") -> dict[str, Contrac
         except RecursionError:
             raise ContractsError(f"{origin}: {label}: nested too deeply") from None
         except ValidationError as exc:
-            first = exc.errors()[0]
-            raise ContractsError(
-                f"{origin}: {label}: field {_describe(first['loc'])}: {first['msg']}"
-            ) from None
+            raise ContractsError(f"{origin}: {label}: {_described(exc.errors()[0])}") from None
         if contract.name in contracts:
             raise ContractsError(f"{origin}: {label}: field name: duplicate contract name")
         contracts[contract.name] = contract

@@ -173,7 +173,7 @@ def test_contracts_file_errors_name_file_contract_and_field(tmp_path: object) ->
         "contracts:\n  - name: a\n    deadline_s: 0\n":
             "contract 'a': field deadline_s: Input should be greater than 0",
         "contracts:\n  - name: a\n    required: [x]\n    optional: [x]\n":
-            "branches both required and optional: ['x']",
+            "c.yaml: contract 'a': branches both required and optional: ['x']",
         # a field the file format does not have is refused, not ignored
         "contracts:\n  - name: a\ndefaults:\n  deadline_s: 5\n":
             "unknown top-level field(s) ['defaults']",
