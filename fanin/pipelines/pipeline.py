@@ -295,12 +295,12 @@ def run_pipeline(config: RunConfig, beam_args: Sequence[str],
                     return result
                 result.wait_until_finish()
         except BaseException as exc:
-            _stopped(exc, result, lock, before, config.output, absent,
-                     drain.acknowledged if drain is not None else 0)
-            if drain is not None and drain.acknowledged and lock is not None:
+            acknowledged = drain.acknowledged if drain is not None else 0
+            _stopped(exc, result, lock, before, config.output, absent, acknowledged)
+            if acknowledged and lock is not None:
                 _LOG.error("fanin: %d message(s) of %s were acknowledged before the run "
                            "stopped: those not in %s are lost (Pub/Sub does not deliver "
-                           "them again)", drain.acknowledged,
+                           "them again)", acknowledged,
                            config.subscription or config.topic, config.output)
             raise
         if lock is not None:

@@ -228,9 +228,13 @@ class ReportedFailures(logging.Filter):
         runner forgot: ``KeyError: 'inst006'``) after that line."""
         self.job_failed = True
 
+
 class _WorkerStderr:
-    """Standard error, less a printed traceback that names an ``UnreadableInput`` (and the
-    newline ``print`` writes after it, in the same thread); anything else is the stream's."""
+    """Standard error, less a printed traceback of a failure ``fanin run`` reports
+    (``reported_traceback``; and the newline ``print`` writes after it, in the same thread),
+    and less what threads but the main one write once such a failure was seen or the job's
+    failure was said (``reporting``, ``quiet_failed_job``), or while Ctrl-C stops a job of
+    worker processes; anything else is the stream's."""
 
     def __init__(self, stream: TextIO, reported: ReportedFailures) -> None:
         self._stream, self._reported = stream, reported

@@ -190,12 +190,12 @@ class JoinDoFn(_Counting):
         after ``D``) decides in O(1), not by walking all it holds each time (quadratic). Only
         for ``records`` that are the cache's entry for this epoch and count."""
         entry = self._cached(join_id, epoch, count)
-        if entry is not None and entry[3] is records:
-            pending = entry[5]
-            if pending is not None and pending[0] == horizon:
-                return Pending(pending[1])
+        if entry is not None and entry[3] is not records:
+            entry = None
+        if entry is not None and entry[5] is not None and entry[5][0] == horizon:
+            return Pending(entry[5][1])
         outcome = _core(decide, records, self._catalog, horizon)
-        if isinstance(outcome, Pending) and entry is not None and entry[3] is records:
+        if isinstance(outcome, Pending) and entry is not None:
             self._cache[join_id] = (*entry[:5], (horizon, outcome.wake_at))
         return outcome
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import io
 import logging
 import sys
+import threading
+from collections.abc import Callable
 
 import pytest
 
@@ -15,6 +17,15 @@ from fanin.runners.reported_failures import ReportedFailures
 _RELAYED = ("bundle inst001 stage-001 failed:Traceback (most recent call last):\n  File ...\n"
             "fanin.io.inputs.UnreadableInput: input /d/a.jsonl.gz cannot be decompressed after "
             "line 3 (the file is cut short) (EOFError: ...)")
+
+
+def _in_thread(action: Callable[[], object]) -> int:
+    """Run ``action`` in a thread of its own, to its end; the thread's ident."""
+    thread = threading.Thread(target=action)
+    thread.start()
+    thread.join()
+    assert thread.ident is not None
+    return thread.ident
 
 
 def _record(message: str, name: str, level: int = logging.ERROR,
@@ -121,14 +132,10 @@ def test_a_newline_of_another_thread_is_not_taken_for_the_traceback_s(
     """The newline ``print`` writes after the dropped traceback is dropped in the thread that
     printed it only; another thread's lone newline written in between is kept (the main
     thread's: other threads are quiet once the failure is seen)."""
-    import threading
-
     stream = io.StringIO()
     monkeypatch.setattr(sys, "stderr", stream)
     with ReportedFailures().worker_stderr():
-        worker = threading.Thread(target=lambda: sys.stderr.write(_RELAYED.split(":", 1)[1]))
-        worker.start()
-        worker.join()
+        _in_thread(lambda: sys.stderr.write(_RELAYED.split(":", 1)[1]))
         sys.stderr.write("\n")
         sys.stderr.write("next\n")
     assert stream.getvalue() == "\nnext\n"  # (it was "next\n": the other's newline taken)
@@ -328,26 +335,19 @@ def test_once_a_failed_job_is_said_the_job_s_threads_are_quiet(
     runner forgot: ``KeyError: 'inst006'``) after ``fanin run``'s line (a loaded CI machine):
     in a process that is ``fanin``'s own, once the line is said, what other threads write
     or log is dropped, for good; the main thread's passes."""
-    import threading
-
     stream = io.StringIO()
     monkeypatch.setattr(sys, "stderr", stream)
     reported = ReportedFailures()
     with reported.worker_stderr():
         reported.quiet_failed_job()
         print("fanin: error: the line", file=sys.stderr)
-        other = threading.Thread(target=lambda: print("Traceback ...\nKeyError: 'inst006'",
-                                                      file=sys.stderr))
-        other.start()
-        other.join()
-    late = threading.Thread(target=lambda: sys.stderr.write("later, from a worker\n"))
-    late.start()
-    late.join()
+        _in_thread(lambda: print("Traceback ...\nKeyError: 'inst006'", file=sys.stderr))
+    late = _in_thread(lambda: sys.stderr.write("later, from a worker\n"))
     sys.stderr.write("the main thread's\n")
     assert stream.getvalue() == "fanin: error: the line\nthe main thread's\n"
     record = _record("Failed to read inputs in the data plane.",
                      "apache_beam.runners.worker.data_plane")
-    record.thread = late.ident
+    record.thread = late
     assert not reported.filter(record)
     assert reported.filter(_record("a record of the main thread", "host.app"))
 
@@ -361,25 +361,15 @@ def test_once_a_reported_failure_is_seen_the_worker_s_other_threads_are_quiet(
     other threads write to standard error is dropped, and so are the records of Beam's SDK
     worker in other threads; the main thread's, Fanin's and other loggers' pass (Dataflow's
     job messages come from a thread of its own)."""
-    import threading
-
     stream = io.StringIO()
     monkeypatch.setattr(sys, "stderr", stream)
     reported = ReportedFailures()
-
-    def in_thread(action: object) -> int:
-        thread = threading.Thread(target=action)  # type: ignore[arg-type]
-        thread.start()
-        thread.join()
-        assert thread.ident is not None
-        return thread.ident
-
     with reported.worker_stderr():
-        in_thread(lambda: sys.stderr.write("a worker thread's words before the failure\n"))
+        _in_thread(lambda: sys.stderr.write("a worker thread's words before the failure\n"))
         assert not reported.filter(_record("Error processing instruction", "apache_beam."
                                            "runners.worker.sdk_worker", error=UnreadableInput(
                                                "input a.gz cannot be decompressed")))
-        ident = in_thread(lambda: sys.stderr.write(
+        ident = _in_thread(lambda: sys.stderr.write(
             "Exception in thread run_worker_1-1:\nTraceback (most recent call last):\n"
             "grpc._channel._MultiThreadedRendezvous: <... StatusCode.CANCELLED>\n"))
         sys.stderr.write("the main thread's\n")
