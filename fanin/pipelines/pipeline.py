@@ -89,18 +89,33 @@ def replay_retention_floor_ms(catalog: Catalog) -> int:
     return duration_ms(min(_retentions_s(catalog)))
 
 
+def _deadline_floor_ms(catalog: Catalog) -> int:
+    """The least ``deadline_s`` a contract or the defaults give, in ms; 0 when a contract or
+    the defaults close on the watermark (such a join closes by a timer at its close time,
+    before its deadline). A replay moves its watermark every so many lines only when a
+    deadline may have passed (``fanin.transforms.replay``)."""
+    contracts = catalog.contracts.values()
+    if catalog.defaults.close_trigger == "watermark" or any(
+            c.close_trigger == "watermark" for c in contracts):
+        return 0
+    return duration_ms(min([catalog.defaults.deadline_s] + [
+        c.deadline_s for c in contracts if c.deadline_s]))
+
+
 def replay_of(lines: Iterable[tuple[bytes, Source]], catalog: Catalog,
               max_disorder_s: float, max_bytes: int = DEFAULT_MAX_BYTES) -> Replay:
     """The replay a streaming run from files reads and parses (``ParseMessages``' outputs),
     its lines scanned as the join parses them (``MessageScan``: a dead letter moves no
     watermark). Its watermark moves for a join's line only when a timer of that join may be
-    due (``replay_retention_floor_ms``), and its last advance passes every deadline, not every
+    due (``replay_retention_floor_ms``), every so many lines only when a deadline may have
+    passed (``_deadline_floor_ms``), and its last advance passes every deadline, not every
     tombstone: the join sets no timer for a tombstone that outlives the input
     (``JoinRecords``' ``input_end_ms`` = ``Replay.end_ms``).
     """
     replay = build_replay(lines, max_disorder_s, _longest_deadline_ms(catalog) + 1,
                           MessageScan(frozenset(catalog.contracts), max_bytes),
-                          replay_retention_floor_ms(catalog))
+                          replay_retention_floor_ms(catalog),
+                          deadline_floor_ms=_deadline_floor_ms(catalog))
     if replay.events > _SLOW_REPLAY_EVENTS and not replay.behind:
         _LOG.warning(
             "fanin: --replay: the stream splits into %d events (no line lags the file's latest "

@@ -21,8 +21,13 @@ Guarantees:
   timer of another join cannot change what this line's join does. On input sorted by event
   time that leaves only a few advances (the outputs do not depend on them), where a step per
   second of event time made the local runner run a round of bundles for every transform per
-  step (docs/performance.md). The watermark also moves up to the bound at the latest every
-  ``batch`` lines, which bounds the state of joins held open. A line behind the watermark
+  step (docs/performance.md). The watermark also moves up to the bound every ``batch`` lines
+  when a deadline may have passed by then (of a join seen since the last move: its earliest
+  time plus the least deadline in play), which bounds the state of joins held open, and at
+  the latest every ``4 * batch`` lines, which bounds the lines of one event (the local runner
+  holds an event's records at once). Each move makes every join it holds that has a line in
+  the next event pay the runner a state copy and a timer scan again, so joins that stay open
+  across many events cost more per line. A line behind the watermark
   already there may set a timer that is due at once: the next line of its join comes in the
   stream's next event, which the local runner reads only once that timer has fired
   (``_Events.barrier``).
@@ -355,6 +360,50 @@ class _Events:
         self.events += 1
 
 
+class _JoinsSeen:
+    """The joins the plan has delivered lines of: each one's earliest time (of its lines'
+    event times and ``opened_at`` values), and when the lines since the watermark last moved
+    make it move: ``batch`` of them once a join's deadline may have passed (its earliest time
+    plus the least deadline in play: a heap of those the watermark has not passed; with a
+    floor of 0 any time may close a join), else ``4 * batch``."""
+
+    def __init__(self, batch: int, floor_ms: int) -> None:
+        self._batch = batch
+        self._floor = floor_ms
+        self._earliest: dict[str, int] = {}
+        self._pending: list[int] = []
+
+    def earliest(self, join_id: str | None) -> int | None:
+        """The earliest time of the join's lines delivered so far (None: none yet)."""
+        return None if join_id is None else self._earliest.get(join_id)
+
+    def deadline(self, ms: int) -> None:
+        """A line's own deadline (an open's ``deadline_s``; 0: none)."""
+        if 0 < ms < self._floor:
+            self._floor = ms
+
+    def delivered(self, join_id: str, times: list[int]) -> None:
+        """A line of ``join_id`` with these times (its event time, its ``opened_at``)."""
+        first, known = min(times), self._earliest.get(join_id)
+        if known is None or first < known:
+            self._earliest[join_id] = first
+            if self._floor:
+                heapq.heappush(self._pending, first + self._floor)
+
+    def due(self, since: int, bound: int) -> bool:
+        """Whether the watermark moves up to ``bound`` after ``since`` lines."""
+        if since < self._batch:
+            return False
+        return since >= 4 * self._batch or not self._floor or (
+            bool(self._pending) and self._pending[0] <= bound)
+
+    def passed(self, watermark: int) -> None:
+        """The watermark moved to ``watermark``: the deadlines up to it are passed."""
+        pending = self._pending
+        while pending and pending[0] <= watermark:
+            heapq.heappop(pending)
+
+
 class Replay(beam.PTransform[PBegin, pvalue.DoOutputsTuple]):
     """Files replayed as a stream, parsed: ``ParseMessages``' outputs, the main one
     ``records`` of ``(join_id, record)``, dead letters on ``DEAD_LETTER`` (see the module's
@@ -368,16 +417,24 @@ class Replay(beam.PTransform[PBegin, pvalue.DoOutputsTuple]):
     a join that has earlier lines and whose tombstone may have expired by the bound);
     ``scan``: each line's event time, deadline, join id and carried ``opened_at`` (a dead
     letter has none), and the settings the stream parses the lines with; ``batch``: the most
-    lines between two advances. Each advance costs the local runner a round of bundles through every
+    lines between two advances while a deadline may pass (``deadline_floor_ms``), else ``4 *
+    batch``. Each advance costs the local runner a round of bundles through every
     transform, and its monitor re-reads every key's timers between bundles; fewer advances
     hold more joins open. On 206,728 sorted lines 50,000 was
     the fastest measured: 61 s and 505 MB peak, against 74 s / 412 MB at 20,000 and 69 s /
     646 MB at 100,000 (whole processes, one each, load ~3).
+    ``deadline_floor_ms``: the least ``deadline_s`` a join's definition can take from the
+    contracts or the defaults, in ms; 0 (the watermark then moves every ``batch`` lines) when
+    a join may close by a timer before its deadline (a ``watermark`` close trigger in play).
+    Opens with a smaller ``deadline_s`` lower it as they come. It moves no output: on sorted
+    input the outputs do not depend on these advances, and the lines whose outputs do (behind
+    the bound, or after their join's tombstone may have ended) move the watermark whatever it
+    says.
     """
 
     def __init__(self, lines: Iterable[tuple[bytes, Source]], max_disorder_s: float,
                  horizon_ms: int, scan: MessageScan, retention_floor_ms: int = 0,
-                 batch: int = 50_000) -> None:
+                 batch: int = 50_000, deadline_floor_ms: int = 0) -> None:
         super().__init__()
         self._counts: dict[str, int] = {}
         self._token = uuid.uuid4().hex
@@ -393,20 +450,22 @@ class Replay(beam.PTransform[PBegin, pvalue.DoOutputsTuple]):
         self._scan = scan
         parsed: dict[str, list[bytes]] = {}
         self._stream, self.end_ms = self._plan(lines, _lag_ms(max_disorder_s), horizon_ms,
-                                               retention_floor_ms, batch, scan, parsed)
+                                               retention_floor_ms, batch, scan, parsed,
+                                               deadline_floor_ms)
         """The last watermark before the jump to +infinity that ends the stream."""
         _PARSED[self._token] = parsed
         weakref.finalize(self, _PARSED.pop, self._token, None)
 
     def _plan(self, lines: Iterable[tuple[bytes, Source]], lag: int, horizon_ms: int,
               retention_floor_ms: int, batch: int, scan: MessageScan,
-              parsed: dict[str, list[bytes]]) -> tuple[TestStream, int]:
+              parsed: dict[str, list[bytes]], deadline_floor_ms: int
+              ) -> tuple[TestStream, int]:
         out = _Events(batch)
+        joins = _JoinsSeen(batch, deadline_floor_ms)
         counts = self._counts
         max_seen: int | None = None
         latest = 0  # the largest event time or opened_at: no deadline is earlier than it
         longest = 0
-        earliest: dict[str, int] = {}  # join id -> earliest time among its lines delivered
         for line, source in lines:
             path = source[0]
             index = counts.get(path, 0)
@@ -414,6 +473,7 @@ class Replay(beam.PTransform[PBegin, pvalue.DoOutputsTuple]):
             (t, deadline_ms, join_id, carried), result = scan.parse(line, source)
             parsed.setdefault(path, []).append(_RESULT.encode(result))
             longest = max(longest, deadline_ms)
+            joins.deadline(deadline_ms)
             if t is not None and (max_seen is None or t > max_seen):
                 max_seen = t
             times = [x for x in (t, carried) if x is not None]
@@ -421,12 +481,14 @@ class Replay(beam.PTransform[PBegin, pvalue.DoOutputsTuple]):
                 latest = max(latest, *times)
             bound = None if max_seen is None else max_seen - lag
             if bound is not None and (out.watermark is None or bound > out.watermark):
-                seen = earliest.get(join_id) if join_id is not None else None
-                if (t is not None and t < bound) or out.since >= batch or (
-                        seen is not None and seen + retention_floor_ms + 1 <= bound):
+                seen = joins.earliest(join_id)
+                if (t is not None and t < bound) or (
+                        seen is not None and seen + retention_floor_ms + 1 <= bound) or \
+                        joins.due(out.since, bound):
                     # the earlier lines first, then the watermark moves up to the bound: every
                     # timer of this line's join it passes fires before the line arrives
                     out.advance(bound)
+                    joins.passed(bound)
             if join_id in out.due:
                 # an earlier line of this join in the pending event may have set a timer
                 # behind the watermark (a line behind it): it fires before this line
@@ -434,7 +496,7 @@ class Replay(beam.PTransform[PBegin, pvalue.DoOutputsTuple]):
             out.add(path, index, t if t is not None else (
                 out.watermark if out.watermark is not None else max_seen or 0))
             if join_id is not None and times:
-                earliest[join_id] = min(earliest.get(join_id, min(times)), *times)
+                joins.delivered(join_id, times)
             if t is not None and max_seen is not None:
                 self.largest_lag_ms = max(self.largest_lag_ms, max_seen - t)
             if t is not None and out.watermark is not None and t < out.watermark:
@@ -461,6 +523,7 @@ class Replay(beam.PTransform[PBegin, pvalue.DoOutputsTuple]):
 
 def build_replay(lines: Iterable[tuple[bytes, Source]], max_disorder_s: float,
                  horizon_ms: int, scan: MessageScan, retention_floor_ms: int = 0,
-                 batch: int = 50_000) -> Replay:
+                 batch: int = 50_000, deadline_floor_ms: int = 0) -> Replay:
     """``Replay(...)``: the replay of ``lines`` (see ``Replay``)."""
-    return Replay(lines, max_disorder_s, horizon_ms, scan, retention_floor_ms, batch)
+    return Replay(lines, max_disorder_s, horizon_ms, scan, retention_floor_ms, batch,
+                  deadline_floor_ms)

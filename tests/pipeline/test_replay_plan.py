@@ -21,11 +21,11 @@ from apache_beam.utils.timestamp import Timestamp
 from support.builders import make_catalog, open_msg, receipt
 
 from fanin.contracts import records as R
-from fanin.contracts.catalog import JoinDefaults
+from fanin.contracts.catalog import Catalog, JoinDefaults, parse_contracts
 from fanin.contracts.parsing import DEFAULT_MAX_BYTES
 from fanin.contracts.timefmt import format_ms, parse_rfc3339
 from fanin.core.outcomes import CLOSES, DEAD_LETTER, LATE
-from fanin.pipelines.pipeline import RunConfig, run_pipeline
+from fanin.pipelines.pipeline import RunConfig, _deadline_floor_ms, run_pipeline
 from fanin.transforms import replay as replay_module
 from fanin.transforms.join_streaming import JoinDoFn
 from fanin.transforms.parse import ParseMessages
@@ -150,6 +150,42 @@ def test_the_watermark_moves_at_the_latest_every_batch_lines(tmp_path: Path) -> 
     path = write_lines(tmp_path / "in.jsonl", lines)
     events = _plan(path, retention_floor_ms=DAY_MS, batch=4)
     assert events[:4] == [("lines", 4), ("watermark", 4.0), ("lines", 4), ("watermark", 8.0)]
+
+
+def test_the_watermark_moves_every_batch_lines_only_once_a_deadline_may_have_passed(
+        tmp_path: Path) -> None:
+    """Joins that stay open across the input (deadlines longer than it) are held whatever the
+    watermark does there: each advance only made every one of them pay the local runner
+    again. The watermark then moves every 4 x batch lines."""
+    long = write_lines(tmp_path / "long.jsonl", [_open(f"j{i}", i, 3600) for i in range(20)])
+    assert _plan(long, retention_floor_ms=DAY_MS, batch=4, deadline_floor_ms=DAY_MS)[:3] == \
+        [("lines", 16), ("watermark", 16.0), ("lines", 4)]
+    # an open's own deadline_s lowers the floor: from 2 s on, the first join's may have passed
+    short = write_lines(tmp_path / "short.jsonl", [_open(f"j{i}", i, 2) for i in range(20)])
+    assert _plan(short, retention_floor_ms=DAY_MS, batch=4, deadline_floor_ms=DAY_MS)[:4] == \
+        [("lines", 4), ("watermark", 4.0), ("lines", 4), ("watermark", 8.0)]
+    # a deadline the watermark passed does not count again: with a floor of 2 s, j0-j2's
+    # (2-4 s) pass at 4 s, j3's (5 s) at 8 s; the joins' later lines move it no more
+    lines = [_open(f"j{i}", i, 3600) for i in range(4)] + [
+        _receipt(f"j{i % 4}", i) for i in range(4, 20)]
+    again = write_lines(tmp_path / "again.jsonl", lines)
+    events = _plan(again, retention_floor_ms=DAY_MS, batch=4, deadline_floor_ms=2_000)
+    assert events[:5] == [("lines", 4), ("watermark", 4.0), ("lines", 4), ("watermark", 8.0),
+                          ("lines", 12)]
+    assert events[5][0] == "watermark" and events[5][1] > 19 + 3600  # the final advance
+
+
+def test_the_deadline_floor_is_the_least_deadline_unless_a_watermark_trigger_is_in_play(
+) -> None:
+    def floor(contract: str, **defaults: Any) -> int:
+        text = f"contracts:\n  - {{name: c, required: [a], {contract}}}\n"
+        return _deadline_floor_ms(Catalog(parse_contracts(text), JoinDefaults(**defaults)))
+
+    assert floor("deadline_s: 7.5") == 7_500
+    assert floor("deadline_s: 90") == 30_000  # the defaults' is less
+    assert floor("deadline_s: 90", deadline_s=120) == 90_000
+    assert floor("close_trigger: watermark") == 0
+    assert floor("close_trigger: eager", close_trigger="watermark") == 0
 
 
 @pytest.mark.parametrize("trigger", ["watermark", "eager"])
