@@ -33,6 +33,12 @@ def with_fields(**fields: object) -> str:
     return json.dumps({**OK, **fields})
 
 
+
+def test_a_join_id_is_measured_in_code_points() -> None:
+    """docs/spec.md §1: at most 256 characters: 256 emoji (1,024 UTF-8 bytes) are one."""
+    assert error_of(with_fields(join_id="\U0001F600" * 256)) is None
+    assert error_of(with_fields(join_id="é" * 256)) is None
+
 @pytest.mark.parametrize(("data", "error"), [
     (b"\xff\xfe{}", "not_utf8"),
     ("not json", "invalid_json"),
@@ -51,6 +57,7 @@ def with_fields(**fields: object) -> str:
     (with_fields(key=1), "invalid_message"),
     (with_fields(branch=""), "invalid_message"),
     (with_fields(join_id="x" * 257), "invalid_message"),
+    (with_fields(join_id="\U0001F600" * 257), "invalid_message"),  # code points, not bytes
     (with_fields(event_time="2026-01-01T00:00:00"), "invalid_message"),
     (with_fields(event_time="2026-02-30T00:00:00Z"), "invalid_message"),
     (with_fields(event_time="0001-01-01T00:00:00+01:00"), "invalid_message"),

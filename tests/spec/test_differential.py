@@ -185,6 +185,49 @@ def test_a_straggler_after_the_tombstone_starts_a_fresh_join(tmp_path: Path) -> 
     })
 
 
+def test_messages_a_moved_deadline_closes_over_are_late_even_after_the_tombstone(
+        tmp_path: Path) -> None:
+    """docs/spec.md §2 step 2: a message at t moves D before t; the join closes at once, and
+    the messages it held after the close time are late even after the tombstone's end (u at
+    00:18 > 00:15), where a message after t starts a fresh join (y: undefined)."""
+    def receipt(branch: str, second: int, **extra: str) -> str:
+        return json.dumps({"join_id": "m", "branch": branch, "status": "ok",
+                           "event_time": f"2026-01-01T00:00:{second:02d}Z", **extra})
+
+    lines = [receipt("a", 0), receipt("u", 18), receipt("b", 20, contract="c6"),
+             receipt("y", 25)]  # c6: D 00:10, tombstone end 00:15
+    expected = reference_outputs(lines, ENV)
+    assert [(c["reason"], c["closed_at"]) for c in expected["closes"]] == \
+        [("timeout", "2026-01-01T00:00:10.000Z")]
+    assert sorted(late["message"]["branch"] for late in expected["late"]) == ["b", "u"]
+    assert [(d["error"], json.loads(d["raw"])["branch"]) for d in expected["dead_letter"]] \
+        == [("undefined_join", "y")]
+    assert_same(lines, ENV, {
+        "core": core_run(lines, ENV),
+        "bounded": bounded_run(lines, tmp_path / "bounded", CONTRACTS_YAML, ENV),
+        "replay": replay_run(lines, tmp_path / "replay", CONTRACTS_YAML, ENV),
+    })
+
+
+def test_a_message_beyond_the_limit_at_the_close_time_is_too_large(tmp_path: Path) -> None:
+    """docs/spec.md §4 per-join limits: late only if the join closes before its event time; at
+    the close time itself the close would have held it, so it is join_too_large."""
+    env = Env(CONTRACTS_YAML, max_messages_per_join=2)
+    lines = [json.dumps({"kind": "open", "join_id": "t", "opened_at": "2026-01-01T00:00:00Z",
+                         "required": ["a"]})] + [
+        json.dumps({"join_id": "t", "branch": b, "status": "ok",
+                    "event_time": "2026-01-01T00:00:01Z"}) for b in ("a", "x")]
+    expected = reference_outputs(lines, env)
+    assert [c["closed_at"] for c in expected["closes"]] == ["2026-01-01T00:00:01.000Z"]
+    assert [(d["error"], json.loads(d["raw"])["branch"]) for d in expected["dead_letter"]] \
+        == [("join_too_large", "x")] and not expected["late"]
+    assert_same(lines, env, {
+        "core": core_run(lines, env),
+        "bounded": bounded_run(lines, tmp_path / "bounded", CONTRACTS_YAML, env),
+        "replay": replay_run(lines, tmp_path / "replay", CONTRACTS_YAML, env),
+    })
+
+
 def test_a_fractional_deadline_ends_at_its_written_millisecond(tmp_path: Path) -> None:
     """docs/spec.md §2: ``deadline_s`` 1.001 is 1,001 ms, so a receipt at D = 00:00:01.001 is
     in the close (1.001 * 1000 in doubles truncated to 1,000 ms made it late)."""
