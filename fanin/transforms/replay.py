@@ -22,12 +22,12 @@ Guarantees:
   time that leaves only a few advances (the outputs do not depend on them), where a step per
   second of event time made the local runner run a round of bundles for every transform per
   step (docs/performance.md). The watermark also moves up to the bound every ``batch`` lines
-  when a deadline may have passed by then (of a join seen since the last move: its earliest
-  time plus the least deadline in play), which bounds the state of joins held open, and at
-  the latest every ``4 * batch`` lines, which bounds the lines of one event (the local runner
-  holds an event's records at once). Each move makes every join it holds that has a line in
-  the next event pay the runner a state copy and a timer scan again, so joins that stay open
-  across many events cost more per line. A line behind the watermark
+  when a deadline may have passed by then (a join's earliest time plus the least deadline in
+  play, for the joins seen whose deadline it has not passed), which bounds the state of joins
+  held open, and at the latest every ``4 * batch`` lines, which bounds the lines of one event
+  (the local runner holds an event's records at once). Each move makes every join it holds
+  that has a line in the next event pay the runner a state copy and a timer scan again, so
+  joins that stay open across many events cost more per line. A line behind the watermark
   already there may set a timer that is due at once: the next line of its join comes in the
   stream's next event, which the local runner reads only once that timer has fired
   (``_Events.barrier``).
