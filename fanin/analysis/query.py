@@ -485,7 +485,8 @@ def _interruptible(con: duckdb.DuckDBPyConnection, sql: str
                    ) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
     """``_fetch`` in a worker thread, so that Ctrl-C stops it: DuckDB does not see Python's
     signals while a statement runs. On ``KeyboardInterrupt`` the statement is interrupted
-    (until the worker has ended) and the interrupt raised again."""
+    (until the worker has ended) and the interrupt raised again. Either way no worker thread
+    is left when this returns or raises."""
     result: dict[str, Any] = {}
     done = threading.Event()  # (Thread.is_alive can be wrong after an interrupted join)
 
@@ -499,7 +500,11 @@ def _interruptible(con: duckdb.DuckDBPyConnection, sql: str
 
     worker = threading.Thread(target=work, name="fanin-query", daemon=True)
     try:
-        worker.start()  # inside: Ctrl-C may land while it waits for the worker to start
+        # a Ctrl-C while start() runs waits for it to return (``interrupts_held``): landing
+        # inside, it could come before the thread had an ident, which read as "never
+        # started", and the statement ran on after the interrupt
+        with interrupts_held():
+            worker.start()
         done.wait()
     except KeyboardInterrupt:
         # an interrupt before the statement began stops nothing, and one while DuckDB starts
@@ -512,6 +517,9 @@ def _interruptible(con: duckdb.DuckDBPyConnection, sql: str
             if done.wait(0.1):
                 break
         raise
+    finally:
+        if done.is_set():  # it has nothing left to do: no thread outlives the statement
+            worker.join()
     if "error" in result:
         raise result["error"]
     return result["value"]  # type: ignore[no-any-return]
