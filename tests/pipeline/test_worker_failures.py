@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import gzip
 import re
-import resource
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from support.child_env import file_size_limited
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "fanin" / "examples" / "triage.jsonl"
@@ -24,14 +24,11 @@ MODES = ["multi_threading", "multi_processing"]
 
 def _run(out: Path, path: Path, mode: str, file_limit: int | None = None
          ) -> subprocess.CompletedProcess[str]:
-    def limit() -> None:  # writes beyond it fail with EFBIG (Python ignores SIGXFSZ)
-        if file_limit is not None:
-            resource.setrlimit(resource.RLIMIT_FSIZE, (file_limit, file_limit))
-
-    return subprocess.run(
-        [FANIN, "run", "--input", str(path), "--contracts", str(CONTRACTS), "--output",
-         str(out), "--direct_num_workers", "2", "--direct_running_mode", mode],
-        capture_output=True, text=True, timeout=300, check=False, preexec_fn=limit)
+    command = [FANIN, "run", "--input", str(path), "--contracts", str(CONTRACTS), "--output",
+               str(out), "--direct_num_workers", "2", "--direct_running_mode", mode]
+    if file_limit is not None:
+        command = file_size_limited(command, file_limit)
+    return subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.child_env import file_size_limited
 
 from fanin.cli import main
 from fanin.runners.flink_cluster import Cluster, start
@@ -249,20 +250,16 @@ def test_a_write_the_disk_refuses_is_one_line_on_every_runner(
     runner failed the job (FAILED): bundle ... failed:Traceback (most recent call last):"
     below ~160 lines of the worker's traceback as the job client and Prism logged it."""
     import re
-    import resource
-
-    def limit() -> None:  # writes beyond it fail with EFBIG (Python ignores SIGXFSZ)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (200 << 10, 200 << 10))
 
     path = tmp_path / "in.jsonl"
     subprocess.run([sys.executable, "-m", "fanin.cli", "simulate", "--joins", "2000", "--seed",
                     "7", "--out", str(path)], check=True, capture_output=True)
     fanin = str(Path(sys.executable).with_name("fanin"))
     for runner in ([], ["--runner=PrismRunner"], list(FLINK_LOCAL)):
-        done = subprocess.run(
+        done = subprocess.run(file_size_limited(
             [fanin, "run", "--input", str(path), "--output", str(tmp_path / f"o{len(runner)}"),
-             "--contracts", str(CONTRACTS), *runner], capture_output=True, text=True,
-            timeout=300, check=False, preexec_fn=limit)
+             "--contracts", str(CONTRACTS), *runner], 200 << 10), capture_output=True,
+            text=True, timeout=300, check=False)
         lines = done.stderr.strip().splitlines()
         assert done.returncode == 1, (runner, done.stderr[-3000:])
         line = (r"fanin: error: the runner failed the job \(FAILED\): java.io.IOException: "
