@@ -69,11 +69,15 @@ def _retentions_s(catalog: Catalog) -> list[float]:
         c.retention_s for c in catalog.contracts.values() if c.retention_s is not None]
 
 
+def _deadlines_s(catalog: Catalog) -> list[float]:
+    """Every ``deadline_s`` a contract or the defaults give."""
+    return [catalog.defaults.deadline_s] + [
+        c.deadline_s for c in catalog.contracts.values() if c.deadline_s]
+
+
 def _longest_deadline_ms(catalog: Catalog) -> int:
     """The largest ``deadline_s`` a contract or the defaults give, in ms."""
-    deadlines = [catalog.defaults.deadline_s] + [
-        c.deadline_s for c in catalog.contracts.values() if c.deadline_s]
-    return duration_ms(max(deadlines))
+    return duration_ms(max(_deadlines_s(catalog)))
 
 
 def replay_horizon_ms(catalog: Catalog) -> int:
@@ -94,12 +98,10 @@ def _deadline_floor_ms(catalog: Catalog) -> int:
     the defaults close on the watermark (such a join closes by a timer at its close time,
     before its deadline). A replay moves its watermark every so many lines only when a
     deadline may have passed (``fanin.transforms.replay``)."""
-    contracts = catalog.contracts.values()
     if catalog.defaults.close_trigger == "watermark" or any(
-            c.close_trigger == "watermark" for c in contracts):
+            c.close_trigger == "watermark" for c in catalog.contracts.values()):
         return 0
-    return duration_ms(min([catalog.defaults.deadline_s] + [
-        c.deadline_s for c in contracts if c.deadline_s]))
+    return duration_ms(min(_deadlines_s(catalog)))
 
 
 def replay_of(lines: Iterable[tuple[bytes, Source]], catalog: Catalog,

@@ -31,7 +31,14 @@ from spec.joins import (
     join_messages,
 )
 from spec.reference import Env, reference_outputs
-from spec.runs import arrival_order, assert_same, bounded_run, core_run, replay_run
+from spec.runs import (
+    Outputs,
+    arrival_order,
+    assert_same,
+    bounded_run,
+    core_run,
+    replay_run,
+)
 
 EXAMPLES = int(os.environ.get("FANIN_SPEC_EXAMPLES", "300"))
 # Shrinking a failure to a minimal batch takes minutes; the failure message already shows the
@@ -41,6 +48,14 @@ PHASES = [Phase.explicit, Phase.generate] + \
 JOINS_PER_RUN = 100
 ENV = Env(CONTRACTS_YAML)
 
+
+
+def _everywhere(lines: list[str], folder: Path, env: Env) -> dict[str, Outputs]:
+    """The outputs of the core, the bounded pipeline and the watermark replay on ``lines``
+    (the pipelines' outputs in ``folder``), for ``assert_same``."""
+    return {"core": core_run(lines, env),
+            "bounded": bounded_run(lines, folder / "bounded", CONTRACTS_YAML, env),
+            "replay": replay_run(lines, folder / "replay", CONTRACTS_YAML, env)}
 
 @settings(max_examples=EXAMPLES, deadline=None, database=None, phases=PHASES,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -119,11 +134,7 @@ def test_byte_limits_in_core_bounded_and_watermark_replay_equal_reference(
     env = Env(CONTRACTS_YAML, max_bytes=400, max_bytes_per_join=join_bytes)
     lines = batch_lines(RandomDraw(random.Random(seed)), JOINS_PER_RUN * 2 // 5)
     folder: Path = tmp_path_factory.mktemp("bytes")
-    assert_same(lines, env, {
-        "core": core_run(lines, env),
-        "bounded": bounded_run(lines, folder / "bounded", CONTRACTS_YAML, env),
-        "replay": replay_run(lines, folder / "replay", CONTRACTS_YAML, env),
-    })
+    assert_same(lines, env, _everywhere(lines, folder, env))
 
 
 @_pipeline_settings
@@ -178,11 +189,7 @@ def test_a_straggler_after_the_tombstone_starts_a_fresh_join(tmp_path: Path) -> 
     expected = reference_outputs(lines, ENV)
     assert [c["closed_at"] for c in expected["closes"]] == \
         ["2026-01-01T00:00:10.000Z", "2026-01-01T00:00:30.000Z"]
-    assert_same(lines, ENV, {
-        "core": core_run(lines, ENV),
-        "bounded": bounded_run(lines, tmp_path / "bounded", CONTRACTS_YAML, ENV),
-        "replay": replay_run(lines, tmp_path / "replay", CONTRACTS_YAML, ENV),
-    })
+    assert_same(lines, ENV, _everywhere(lines, tmp_path, ENV))
 
 
 def test_messages_a_moved_deadline_closes_over_are_late_even_after_the_tombstone(
@@ -202,11 +209,7 @@ def test_messages_a_moved_deadline_closes_over_are_late_even_after_the_tombstone
     assert sorted(late["message"]["branch"] for late in expected["late"]) == ["b", "u"]
     assert [(d["error"], json.loads(d["raw"])["branch"]) for d in expected["dead_letter"]] \
         == [("undefined_join", "y")]
-    assert_same(lines, ENV, {
-        "core": core_run(lines, ENV),
-        "bounded": bounded_run(lines, tmp_path / "bounded", CONTRACTS_YAML, ENV),
-        "replay": replay_run(lines, tmp_path / "replay", CONTRACTS_YAML, ENV),
-    })
+    assert_same(lines, ENV, _everywhere(lines, tmp_path, ENV))
 
 
 def test_a_message_beyond_the_limit_at_the_close_time_is_too_large(tmp_path: Path) -> None:
@@ -221,11 +224,7 @@ def test_a_message_beyond_the_limit_at_the_close_time_is_too_large(tmp_path: Pat
     assert [c["closed_at"] for c in expected["closes"]] == ["2026-01-01T00:00:01.000Z"]
     assert [(d["error"], json.loads(d["raw"])["branch"]) for d in expected["dead_letter"]] \
         == [("join_too_large", "x")] and not expected["late"]
-    assert_same(lines, env, {
-        "core": core_run(lines, env),
-        "bounded": bounded_run(lines, tmp_path / "bounded", CONTRACTS_YAML, env),
-        "replay": replay_run(lines, tmp_path / "replay", CONTRACTS_YAML, env),
-    })
+    assert_same(lines, env, _everywhere(lines, tmp_path, env))
 
 
 def test_a_fractional_deadline_ends_at_its_written_millisecond(tmp_path: Path) -> None:
@@ -238,8 +237,4 @@ def test_a_fractional_deadline_ends_at_its_written_millisecond(tmp_path: Path) -
     expected = reference_outputs(lines, ENV)
     assert [(c["reason"], c["deadline"]) for c in expected["closes"]] == \
         [("complete", "2026-01-01T00:00:01.001Z")] and not expected["late"]
-    assert_same(lines, ENV, {
-        "core": core_run(lines, ENV),
-        "bounded": bounded_run(lines, tmp_path / "bounded", CONTRACTS_YAML, ENV),
-        "replay": replay_run(lines, tmp_path / "replay", CONTRACTS_YAML, ENV),
-    })
+    assert_same(lines, ENV, _everywhere(lines, tmp_path, ENV))
