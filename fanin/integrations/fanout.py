@@ -17,7 +17,7 @@ Guarantees:
 - ``error`` reports the text ``describe`` makes, ``"ExceptionType: message"`` (the SDK's form).
 - Every receipt carries the attempt it is given (the framework's own retry count), so a retry
   supersedes the failed attempt (docs/spec.md §3).
-- Sink failures (``PublishError``, a file sink's ``OSError``, a closed sink's ``ValueError``)
+- Sink failures (``PublishError``, a closed sink's ``ValueError``)
   propagate to the caller, as with the SDK (never reported as the branch's error), except while a
   branch's own exception is reported (``error`` with ``during_failure``): that exception is
   what reaches the caller, and the sink's failure is logged.
@@ -139,7 +139,7 @@ class FanOutReporter:
                 key = None
             self.emitter.emit(ctx, branch, "error", error=error, key=key, attempt=attempt)
             return
-        # the sink's failures (PublishError, OSError, a closed sink) reach the caller
+        # the sink's failures (PublishError, a closed sink) reach the caller
         self.emitter.emit(ctx, branch, "ok", value=sendable, key=key, attempt=attempt)
 
     def error(self, ctx: JoinContext, branch: str, text: str, *, attempt: int,

@@ -7,7 +7,11 @@ Guarantees:
   raises the same way) and releases resources. Failures are never swallowed.
 - ``JsonlFileSink`` appends whole lines (``\\n``-terminated, UTF-8) and is safe to share between
   threads of one process; ``flush`` also ``fsync``\\s. Use one file per process when several
-  processes write.
+  processes write. A failed ``write`` (a full disk) raises ``PublishError`` for its message,
+  and a part of its line left in the file is ended by the next line's leading newline, never
+  glued to it; a file deleted while written takes no more lines (``publish`` raises); a
+  failed ``fsync`` is a ``NotDurableError`` (a ``PublishError``) counting the lines written
+  since the last flush.
 - ``PubSubSink`` publishes the line as the message data with attributes ``event_time`` and
   ``message_id``; with ``ordering_by_join=True`` the ordering key is the ``join_id`` and message
   ordering is enabled in the client it creates. The client's own retry policy applies to each
@@ -41,6 +45,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import errno
 import logging
 import os
 import threading
@@ -60,6 +65,7 @@ __all__ = [
     "EncodedMessage",
     "JsonlFileSink",
     "MemorySink",
+    "NotDurableError",
     "PubSubSink",
     "PublishError",
     "Sink",
@@ -96,6 +102,18 @@ class PublishError(RuntimeError):
                           for m, e in self.failures[:20])
         more = f"; ... and {len(self.failures) - 20} more" if len(self.failures) > 20 else ""
         super().__init__(f"{len(self.failures)} message(s) failed to publish: {shown}{more}")
+
+
+class NotDurableError(PublishError):
+    """A ``JsonlFileSink``'s ``flush``/``close`` could not make the lines written since the
+    last flush durable (their ``fsync`` failed, or the file was deleted): ``count`` of them,
+    not kept by the sink, so not listed in ``failures`` (empty); ``cause`` is the error."""
+
+    def __init__(self, path: Path, count: int, cause: OSError) -> None:
+        self.path, self.count, self.cause = path, count, cause
+        super().__init__([])
+        self.args = (f"{count} message(s) written to {path} since the last flush may not be "
+                     f"durable: {describe_failure(cause)}",)
 
 
 class UnflushedMessagesWarning(RuntimeWarning):
@@ -215,8 +233,20 @@ class JsonlFileSink(Sink):
     appending as it is published (no buffer in the process): so a line is never half written
     next to another process's, a ``fork`` copies no pending lines (a forked child exiting
     cannot write its parent's lines again), and nothing is lost when a ``multiprocessing``
-    child ends with ``os._exit``. ``flush`` and ``close`` ``fsync`` the file (durable). The
-    cost is a system call per line (~2 µs on a local disk; more on a network file system)."""
+    child ends with ``os._exit``. ``flush`` and ``close`` ``fsync`` the file (durable; a pipe,
+    a terminal or another file that cannot be synchronised, ``/dev/stdout`` say, has nothing
+    to make durable). The cost is two system calls per line (the ``write``, and an ``fstat``
+    that sees a deleted file): ~2 µs on a local disk, more on a network file system.
+
+    Failures are ``PublishError``\\s. A ``write`` that fails (a full disk) raises one for its
+    message; if it wrote part of the line first, the next line begins with a newline, so the
+    part stays a line of its own (``fanin run`` dead-letters it: ``invalid_json``; or, when
+    only the newline was missing, reads the message whose publish raised) and never spoils
+    the next line, the retry included. A file deleted while the sink writes to it (no name
+    left) takes no more lines: ``publish`` raises; ``flush`` and ``close`` raise
+    ``NotDurableError`` for the lines written since the last flush when the file was deleted,
+    or the ``fsync`` failed.
+    """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
@@ -225,6 +255,7 @@ class JsonlFileSink(Sink):
                                        | getattr(os, "O_CLOEXEC", 0)
                                        | getattr(os, "O_BINARY", 0), 0o666)
         self._unflushed = 0
+        self._cut = False  # the file may end in part of a line a failed write left
         _watch_at_exit(self)
 
     def __repr__(self) -> str:
@@ -233,11 +264,23 @@ class JsonlFileSink(Sink):
     def publish(self, message: EncodedMessage) -> None:
         data = (message.line + "\n").encode("utf-8")
         with self._lock:
-            if self._fd is None:
+            fd = self._fd
+            if fd is None:
                 raise ValueError(f"{self.path}: sink is closed")
-            view = memoryview(data)
-            while view:  # a regular file takes it whole; a short write goes on from there
-                view = view[os.write(self._fd, view):]
+            head = b"\n" if self._cut else b""
+            view = memoryview(head + data)
+            written = 0
+            try:
+                if self._deleted(fd):
+                    raise FileNotFoundError(f"{self.path} was deleted while the sink wrote "
+                                            "to it")
+                while written < len(view):  # a regular file takes it whole; a short write
+                    written += os.write(fd, view[written:])  # goes on from there
+            except OSError as exc:
+                if written:  # the newline ended the part left before; this line's part?
+                    self._cut = written > len(head)
+                raise PublishError([(message, exc)]) from exc
+            self._cut = False
             self._unflushed += 1
 
     def unflushed(self) -> int:
@@ -247,18 +290,40 @@ class JsonlFileSink(Sink):
     def flush(self) -> None:
         with self._lock:
             if self._fd is not None:
-                os.fsync(self._fd)
-                self._unflushed = 0
+                self._sync(self._fd)
 
     def close(self) -> None:
         with self._lock:
             if self._fd is not None:
                 fd, self._fd = self._fd, None
                 try:
-                    os.fsync(fd)
+                    self._sync(fd)
                 finally:
                     os.close(fd)
-                self._unflushed = 0
+
+    def _sync(self, fd: int) -> None:
+        """``fsync``; the lines written since the last one are then durable, or
+        ``NotDurableError`` says how many may not be (``_lock`` held)."""
+        count, self._unflushed = self._unflushed, 0
+        try:
+            if self._deleted(fd):
+                raise FileNotFoundError(f"{self.path} was deleted while the sink wrote to it")
+            os.fsync(fd)
+        except OSError as exc:
+            if exc.errno == errno.EINVAL:  # a pipe, a terminal...: nothing to synchronise
+                return
+            if count:
+                raise NotDurableError(self.path, count, exc) from exc
+
+    def _deleted(self, fd: int) -> bool:
+        """The file has no name left (deleted while open; a file replaced at ``path`` is
+        another file)."""
+        if os.fstat(fd).st_nlink:
+            return False
+        try:  # a file system that counts no links: the file is still at its path
+            return not os.path.samestat(os.fstat(fd), os.stat(self.path))
+        except OSError:
+            return True
 
     def __del__(self) -> None:
         """A sink dropped unclosed gives its descriptor back (its lines were written already;
