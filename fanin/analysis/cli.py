@@ -82,13 +82,18 @@ def _stdout(instead: str) -> TextIO:
 
 def _write_utf8(out: TextIO, text: str) -> None:
     """``text`` on ``out`` as UTF-8 bytes, whatever encoding the stream was opened with (a
-    stream without bytes underneath, such as a ``StringIO``, takes the text)."""
+    stream without bytes underneath, such as a ``StringIO``, takes the text). All of it, or
+    ``BrokenPipeError`` when the reader goes away part-way (a write to a pipe that a signal,
+    the reader's end closing, cuts short returns what it wrote, and the rest was dropped
+    with exit 0)."""
     buffer = getattr(out, "buffer", None)
     if buffer is None:
         out.write(text)
         return
     out.flush()
-    buffer.write(text.encode("utf-8"))
+    view = memoryview(text.encode("utf-8"))
+    while view:
+        view = view[buffer.write(view):]
     buffer.flush()
 
 

@@ -304,13 +304,21 @@ def _one_select(con: duckdb.DuckDBPyConnection, sql: str) -> bool:
     return len(inner) == 1 and inner[0].type == duckdb.StatementType.SELECT
 
 
+def _first_word(sql: str, otherwise: str) -> str:
+    """The statement's first keyword as the user wrote it (``PIVOT``, ``INSTALL``: DuckDB's
+    own names for them are ``MULTI``, ``LOAD``), else ``otherwise``."""
+    found = re.match(r"\s*([A-Za-z_]+)", sql)
+    return found.group(1).upper() if found else otherwise
+
+
 def _check_read_only(con: duckdb.DuckDBPyConnection, sql: str) -> None:
     statements = con.extract_statements(sql)
     if len(statements) != 1:
         raise QueryRefused(f"expected exactly one SQL statement, got {len(statements)}")
     kind = statements[0].type
     if kind not in _ALLOWED:
-        raise QueryRefused(f"only SELECT or EXPLAIN is allowed, not {kind.name}")
+        raise QueryRefused("only SELECT or EXPLAIN is allowed, not "
+                           f"{_first_word(statements[0].query, kind.name)}")
     if kind == duckdb.StatementType.EXPLAIN and not any(
             _one_select(con, text) for text in _explained(statements[0].query)):
         raise QueryRefused("EXPLAIN is allowed only of a SELECT (EXPLAIN ANALYZE runs "
@@ -385,13 +393,19 @@ def _cell(value: Any, null: str) -> str:
     return value if isinstance(value, str) else exact.dumps(value, ensure_ascii=False)
 
 
-# C0 and C1 control characters and DEL, as Python writes them in a string literal
-_ESCAPES = {code: repr(chr(code))[1:-1] for code in (*range(0x20), *range(0x7F, 0xA0))}
+# C0 and C1 control characters and DEL; the line and paragraph separators; the marks and
+# controls of bidirectional text (which reorder what follows them on the line): as Python
+# writes them in a string literal
+_ESCAPES = {code: repr(chr(code))[1:-1] for code in (
+    *range(0x20), *range(0x7F, 0xA0), 0x2028, 0x2029, 0x061C, 0x200E, 0x200F,
+    *range(0x202A, 0x202F), *range(0x2066, 0x206A))}
 
 
 def visible(text: str) -> str:
     """``text`` for a terminal: control characters (escape sequences that retitle, clear or
-    recolour it; a newline that splits a row) shown as ``\\x1b``, ``\\n``..."""
+    recolour it; a newline that splits a row), line separators and the controls of
+    bidirectional text (a right-to-left override that reverses the rest of a row) shown as
+    ``\\x1b``, ``\\n``, ``\\u2028``, ``\\u202e``..."""
     return text.translate(_ESCAPES)
 
 

@@ -406,6 +406,17 @@ def test_writes_are_refused_and_leave_no_file(tmp_path: Path, sql: str) -> None:
     assert not target.exists()
 
 
+@pytest.mark.parametrize(("sql", "named"), [
+    ("pivot late on reason using count(*)", "PIVOT"), ("install httpfs", "INSTALL"),
+    ("  create table t as select 1", "CREATE")])
+def test_a_refusal_names_the_statement_as_written(tmp_path: Path, sql: str, named: str) -> None:
+    """DuckDB's names for these are MULTI and LOAD: the refusal said "not MULTI"."""
+    write_parquet(tmp_path, sample(5))
+    with pytest.raises(query.QueryRefused) as refused:
+        query.run_query(tmp_path, sql)
+    assert str(refused.value) == f"only SELECT or EXPLAIN is allowed, not {named}"
+
+
 @pytest.mark.parametrize("sql", [s for s in REFUSED if "{target}" in s or s.startswith("SET")])
 def test_locked_connection_cannot_touch_files(tmp_path: Path, sql: str) -> None:
     """The second layer: even if a statement reaches DuckDB, file access is off and locked."""
@@ -511,18 +522,20 @@ def test_a_value_nested_too_deeply_to_render_is_one_line(
 def test_control_characters_reach_no_terminal(tmp_path: Path,
                                               capsys: pytest.CaptureFixture) -> None:
     """Names and values made by whoever publishes messages may hold a terminal's escape
-    sequences (retitle, clear, recolour) or a newline: the table and the report show them
-    escaped, one row a line; csv and json keep them as data."""
-    attack = "\x1b]0;PWNED\x07\x1b[2J\x1b[31mbr\nx\x85\t"
+    sequences (retitle, clear, recolour), a newline or a line separator, or a right-to-left
+    override (it reversed the rest of the row): the table and the report show them escaped,
+    one row a line; csv and json keep them as data."""
+    attack = "\x1b]0;PWNED\x07\x1b[2J\x1b[31mbr\nx\x85\t\u2028\u202eab"
     data = sample(5)
     data["closes"][0]["missing"] = [attack]
     data["closes"][0]["branches"]["retrieve"]["error"] = attack
     write_jsonl(tmp_path, data)
     sql = "SELECT join_id, missing, branches[1].error AS e FROM closes ORDER BY join_id LIMIT 1"
-    shown = "\\x1b]0;PWNED\\x07\\x1b[2J\\x1b[31mbr\\nx\\x85\\t"
+    shown = "\\x1b]0;PWNED\\x07\\x1b[2J\\x1b[31mbr\\nx\\x85\\t\\u2028\\u202eab"
     table = query.run_query(tmp_path, sql)
     assert table.splitlines()[2].startswith("j0000") and table.count(shown) == 1
-    assert len(table.splitlines()) == 4 and not set(table) & {"\x1b", "\x07", "\x85", "\t"}
+    assert len(table.splitlines()) == 4 and not set(table) & {
+        "\x1b", "\x07", "\x85", "\t", "\u2028", "\u202e"}
     assert json.loads(query.run_query(tmp_path, sql, "json"))[0]["e"] == attack
     assert _cli(["report", str(tmp_path)]) == 0
     out = capsys.readouterr().out

@@ -282,6 +282,20 @@ def test_a_reader_gone_away_is_one_line_exit_1(outputs: Path, command: list[str]
         1, [f"fanin {command[0]}: cannot write its output: Broken pipe"])
 
 
+def test_a_reader_gone_away_part_way_is_one_line_exit_1(outputs: Path) -> None:
+    """``| head -1`` of a long result: the write the closing reader cut short returned part of
+    it, and the rest was dropped without a word, exit 0."""
+    with subprocess.Popen([FANIN, "query", str(outputs), "select * from range(1000000)",
+                           "--format", "csv"], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True) as child:
+        assert child.stdout is not None and child.stderr is not None
+        assert child.stdout.readline() == "range\n"  # the reader takes a line and goes
+        child.stdout.close()
+        assert child.wait(timeout=120) == 1
+        assert child.stderr.read().strip().splitlines() == [
+            "fanin query: cannot write its output: Broken pipe"]
+
+
 @pytest.mark.parametrize("command", ["query", "report"])
 def test_a_file_given_as_the_output_folder_is_named_a_file(
         tmp_path: Path, command: str, capsys: pytest.CaptureFixture[str]) -> None:
