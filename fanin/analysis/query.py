@@ -105,6 +105,25 @@ def _run_of(kind: str, file: Path) -> str | None:
     return found.group(1) if found else None
 
 
+def _named(kind: str, folder: Path, files: list[Path]) -> list[Path]:
+    """``files``, each where and as ``fanin run`` names its outputs (docs/spec.md §5
+    "Files": ``<kind>-<run>-p<pane>-s<shard>`` in ``folder``, a closes Parquet file in its
+    ``close_date=YYYY-MM-DD`` folder); else ``ValueError`` naming the first that is not: a
+    copy (``copy.jsonl``, ``old/closes-all-p0000-s000.jsonl``) counted its rows twice."""
+    for file in files:
+        where = file.parent.relative_to(folder).parts
+        dated = file.suffix == ".parquet" and kind == "closes" and len(where) == 1 and \
+            re.fullmatch(r"close_date=[0-9]{4}-[0-9]{2}-[0-9]{2}", where[0]) is not None
+        if _run_of(kind, file) is None or not (dated or not where):
+            form = (f"{kind}/close_date=YYYY-MM-DD/{kind}-<run>-p<pane>-s<shard>.parquet"
+                    if file.suffix == ".parquet" and kind == "closes"
+                    else f"{kind}/{kind}-<run>-p<pane>-s<shard>{file.suffix}")
+            raise ValueError(f"{file}: not an output file of fanin run ({form}); a copy "
+                             "would count its rows twice: move it out of the output folder "
+                             "or hide it (a name starting with . or _)")
+    return files
+
+
 def _output_files(folder: Path, suffix: str) -> list[Path]:
     """Sorted visible ``*<suffix>`` files anywhere under ``folder`` (none if it is missing); a
     visible folder under it that cannot be listed raises ``PermissionError``, and a visible
@@ -193,10 +212,10 @@ def _load(con: duckdb.DuckDBPyConnection, kind: str, folder: Path,
     """
     sch = tables.schema(kind)
     columns = ", ".join(f'"{name}"' for name in sch.names)
-    parquet = _output_files(folder, ".parquet")
+    parquet = _named(kind, folder, _output_files(folder, ".parquet"))
     _check_parquet(kind, parquet)
     in_parquet = {_run_of(kind, file) for file in parquet}
-    jsonl = [file for file in _output_files(folder, ".jsonl")
+    jsonl = [file for file in _named(kind, folder, _output_files(folder, ".jsonl"))
              if _run_of(kind, file) not in in_parquet]
     parts = itertools.chain(_parquet_tables(parquet), _jsonl_tables(kind, jsonl))
     staging = f"_{kind}_staging"

@@ -90,16 +90,19 @@ def sample(n: int = 40) -> dict[str, list[dict[str, Any]]]:
     return {"closes": closes, "late": late, "dead_letter": dead}
 
 
-def write_jsonl(root: Path, data: dict[str, list[dict[str, Any]]], name: str = "part-0") -> None:
+def write_jsonl(root: Path, data: dict[str, list[dict[str, Any]]], run: str = "all") -> None:
+    """The files ``fanin run`` would write (one shard, pane 0; ``run``: ``all`` is a bounded
+    run's, a streaming one's is its job token)."""
     for kind, objs in data.items():
         folder = root / kind
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / f"{name}.jsonl").write_text("".join(json.dumps(o) + "\n" for o in objs))
+        (folder / f"{kind}-{run}-p0000-s000.jsonl").write_text(
+            "".join(json.dumps(o) + "\n" for o in objs))
 
 
-def write_parquet(root: Path, data: dict[str, list[dict[str, Any]]], name: str = "part-0") -> None:
+def write_parquet(root: Path, data: dict[str, list[dict[str, Any]]], run: str = "all") -> None:
     for kind, objs in data.items():
-        parquet.write_parquet(kind, objs, root / kind, name)
+        parquet.write_parquet(kind, objs, root / kind, f"{kind}-{run}-p0000-s000")
 
 
 def select(root: Path, sql: str) -> list[tuple]:
@@ -355,7 +358,7 @@ def test_views_exist_for_empty_and_missing_folders(tmp_path: Path) -> None:
 def test_hand_written_lines_are_queryable(tmp_path: Path) -> None:
     for kind, line in (("closes", HAND_CLOSE), ("late", HAND_LATE), ("dead_letter", HAND_DEAD)):
         (tmp_path / kind).mkdir()
-        (tmp_path / kind / "w0-s000.jsonl").write_text(line + "\n\n")
+        (tmp_path / kind / f"{kind}-all-p0000-s000.jsonl").write_text(line + "\n\n")
     assert select(tmp_path, "SELECT \"values\"->>'$.score', counts.messages, "
                   "strftime(closed_at, '%Y-%m-%dT%H:%M:%S.%gZ') FROM closes") == [
         ("0.5", 5, "2026-01-01T00:00:30.000Z")]
@@ -368,8 +371,9 @@ def test_hand_written_lines_are_queryable(tmp_path: Path) -> None:
 
 def test_malformed_output_line_names_file_and_line(tmp_path: Path) -> None:
     (tmp_path / "late").mkdir()
-    (tmp_path / "late" / "a.jsonl").write_text(HAND_LATE + "\n{\"join_id\": 1}\n")
-    with pytest.raises(ValueError, match=r"a\.jsonl:2: late: missing keys"):
+    (tmp_path / "late" / "late-all-p0000-s000.jsonl").write_text(
+        HAND_LATE + "\n{\"join_id\": 1}\n")
+    with pytest.raises(ValueError, match=r"late-all-p0000-s000\.jsonl:2: late: missing keys"):
         query.open_outputs(tmp_path)
 
 
@@ -421,7 +425,7 @@ def test_a_refusal_names_the_statement_as_written(tmp_path: Path, sql: str, name
 def test_locked_connection_cannot_touch_files(tmp_path: Path, sql: str) -> None:
     """The second layer: even if a statement reaches DuckDB, file access is off and locked."""
     write_parquet(tmp_path, sample(5))
-    existing = tmp_path / "closes" / "close_date=2026-01-01" / "part-0.parquet"
+    existing = tmp_path / "closes" / "close_date=2026-01-01" / "closes-all-p0000-s000.parquet"
     con = query.open_outputs(tmp_path)
     for target in (tmp_path / "x.csv", existing):
         with pytest.raises(duckdb.Error):
@@ -451,7 +455,8 @@ def test_explain_of_a_select_runs_and_explain_analyze_changes_nothing(tmp_path: 
 def test_file_readers_are_disabled(tmp_path: Path) -> None:
     write_jsonl(tmp_path, sample(5))
     with pytest.raises(duckdb.Error, match="disabled"):
-        query.run_query(tmp_path, f"SELECT * FROM read_text('{tmp_path / 'late'}/part-0.jsonl')")
+        query.run_query(tmp_path, "SELECT * FROM read_text("
+                        f"'{tmp_path / 'late'}/late-all-p0000-s000.jsonl')")
 
 
 # --- formats and --out ---------------------------------------------------------------------
@@ -570,14 +575,14 @@ def test_a_folder_that_is_not_an_output_is_refused(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("data", "message"), [
-    (b"\xff\xfe{}\n", "a.jsonl:1: 'utf-8' codec can't decode"),
+    (b"\xff\xfe{}\n", "s000.jsonl:1: 'utf-8' codec can't decode"),
     (HAND_LATE.encode() + b"\n" + b"[" * 5000 + b"]" * 5000 + b"\n",
-     "a.jsonl:2: nested too deeply"),
+     "s000.jsonl:2: nested too deeply"),
 ])
 def test_unreadable_output_line_names_file_and_line(tmp_path: Path, data: bytes,
                                                     message: str) -> None:
     (tmp_path / "late").mkdir()
-    (tmp_path / "late" / "a.jsonl").write_bytes(data)
+    (tmp_path / "late" / "late-all-p0000-s000.jsonl").write_bytes(data)
     with pytest.raises(ValueError, match=message):
         query.open_outputs(tmp_path)
 
@@ -645,7 +650,7 @@ def _sections(html: str) -> dict[str, str]:
 
 def test_report_every_chart_has_data(tmp_path: Path) -> None:
     write_jsonl(tmp_path, sample())
-    write_parquet(tmp_path, sample(), "more")  # the same rows in both formats count once
+    write_parquet(tmp_path, sample())  # the same rows in both formats count once
     rep = report.build_report(tmp_path)
     assert rep.rows == {"closes": 40, "late": 10, "dead_letter": 8}
     reasons = rep.chart("close-reasons")
@@ -774,8 +779,9 @@ def test_report_figures_are_the_outputs_numbers(tmp_path: Path) -> None:
     late = [{"join_id": "j0000", "reason": "after_close", "close_reason": "complete",
              "message": {"join_id": "j0000", "branch": "rank"}}]
     write_jsonl(tmp_path, {"closes": closes, "late": late, "dead_letter": []})
-    shutil.copy(tmp_path / "closes" / "part-0.jsonl", tmp_path / "closes" / "_copy.jsonl")
-    shutil.copy(tmp_path / "closes" / "part-0.jsonl", tmp_path / "closes" / ".copy.jsonl")
+    written = tmp_path / "closes" / "closes-all-p0000-s000.jsonl"
+    shutil.copy(written, tmp_path / "closes" / "_copy.jsonl")
+    shutil.copy(written, tmp_path / "closes" / ".copy.jsonl")
     rep = report.build_report(tmp_path)
     assert rep.rows == {"closes": 2, "late": 1, "dead_letter": 0}
     assert rep.latency == (1_500.0, 1_950.0, 1_990.0)

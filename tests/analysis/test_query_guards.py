@@ -268,6 +268,37 @@ def test_an_output_name_that_is_not_a_regular_file_is_named(
         "nothing): its rows cannot be read")
 
 
+@pytest.mark.parametrize(("copy", "form"), [
+    ("closes/copy.jsonl", "closes/closes-<run>-p<pane>-s<shard>.jsonl"),
+    ("closes/old/closes-all-p0000-s000.jsonl", "closes/closes-<run>-p<pane>-s<shard>.jsonl"),
+    ("late/closes-all-p0000-s000.jsonl", "late/late-<run>-p<pane>-s<shard>.jsonl"),
+    ("closes/backup.parquet",
+     "closes/close_date=YYYY-MM-DD/closes-<run>-p<pane>-s<shard>.parquet")])
+def test_a_copy_of_an_output_file_is_named_not_counted_twice(
+        outputs: Path, tmp_path: Path, copy: str, form: str,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A file of another name or place was read as one more file of the run: its rows
+    counted twice, without a word."""
+    out = tmp_path / "out"
+    shutil.copytree(outputs, out)
+    original = out / "closes" / "closes-all-p0000-s000.jsonl"
+    if copy.endswith(".parquet"):
+        assert main(["run", "--input", EXAMPLE, "--contracts", CONTRACTS_PATH, "--output",
+                     str(tmp_path / "pq"), "--format", "parquet"]) == 0
+        original = next((tmp_path / "pq" / "closes").glob("*/*.parquet"))
+        capsys.readouterr()
+    (out / copy).parent.mkdir(exist_ok=True)
+    shutil.copy(original, out / copy)
+    assert main(["query", str(out), "select count(*) from closes"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"fanin query: error: {out / copy}: not an output file of fanin run ({form}); a copy "
+        "would count its rows twice: move it out of the output folder or hide it (a name "
+        "starting with . or _)")
+    (out / copy).rename((out / copy).with_name("_" + (out / copy).name))  # hidden: skipped
+    assert main(["query", str(out), "select count(*) from closes", "--format", "csv"]) == 0
+    assert capsys.readouterr().out.split() == ["count_star()", "40"]
+
+
 @pytest.mark.parametrize("command", [["query", "select * from closes"], ["report"]])
 def test_a_reader_gone_away_is_one_line_exit_1(outputs: Path, command: list[str]) -> None:
     """``| head``: it was exit 2, ``error: [Errno 32] Broken pipe`` (bad use, which it is not)."""
