@@ -16,7 +16,9 @@
   pipe, the first Ctrl-C takes effect at the next line it reads; a second Ctrl-C stops at
   once, without a count), 2 with
   a one-line message for bad usage: a malformed topic path, a file that cannot be opened, a
-  timeout that is not a positive number, no credentials (and no ``PUBSUB_EMULATOR_HOST``).
+  timeout that is not a positive number, no credentials (and no ``PUBSUB_EMULATOR_HOST``);
+  also 2 for a compressed file damaged part of the way (one line naming the last line read,
+  then ``sent=N failed=M`` of the lines before the damage, which were published).
 """
 
 from __future__ import annotations
@@ -130,8 +132,8 @@ def run_publish(args: argparse.Namespace) -> int:  # noqa: C901 (one exit per pu
                                waiting=waiting, stop=stop)
     except OSError as exc:
         return _bad_use(f"cannot read {args.file}: {exc.strerror or exc}")
-    # credentials that cannot be read, or UnreadableInput (a ValueError: a damaged
-    # compressed file, whose lines before the damage were published)
+    # credentials that cannot be read, or UnreadableInput (a ValueError: a compressed file
+    # not of its suffix's format, before anything is published)
     except ValueError as exc:
         return _bad_use(str(exc))
     except DefaultCredentialsError:
@@ -151,7 +153,9 @@ def run_publish(args: argparse.Namespace) -> int:  # noqa: C901 (one exit per pu
     if summary.interrupted:
         print("fanin publish: interrupted; lines after the last one sent were not read",
               file=sys.stderr)
+    if summary.unreadable is not None:  # the lines before the damage were sent: counted
+        print(f"fanin publish: error: {summary.unreadable}", file=sys.stderr)
     print(f"sent={summary.sent} failed={summary.failed}", flush=True)
     if summary.interrupted:
         return INTERRUPTED
-    return 1 if summary.failed else 0
+    return 2 if summary.unreadable is not None else 1 if summary.failed else 0

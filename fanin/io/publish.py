@@ -6,10 +6,12 @@ Guarantees of ``publish_file``:
   whitespace-only lines kept) of the file as ``fanin run`` reads it (``fanin.io.inputs.
   input_lines``: a ``.gz``, ``.bz2``, ``.zst``, ``.xz``... file decompressed), each published
   with its bytes unchanged, so a line ``fanin run`` dead-letters from a file it dead-letters
-  from Pub/Sub too. A compressed file it cannot decompress (or cut short) raises
-  ``UnreadableInput`` (a ``ValueError``) when reading reaches the damage: the lines before it
-  are published. A line longer than Pub/Sub's limit (``PUBSUB_LINE_BYTES``) is never held
-  whole: its first bytes fail alone, as the client's ``MessageTooLargeError``.
+  from Pub/Sub too. A compressed file not of its suffix's format raises ``UnreadableInput``
+  (a ``ValueError``) before anything is published; one damaged (or cut short) further on
+  ends the reading where the damage is: the lines before it are published and counted, and
+  the summary's ``unreadable`` says where and why. A line longer than Pub/Sub's limit
+  (``PUBSUB_LINE_BYTES``) is never held whole: its first bytes fail alone, as the client's
+  ``MessageTooLargeError``.
   Attributes: ``event_time`` (a receipt's ``event_time``, an open's ``opened_at``, else the
   other one) and ``message_id`` when the line is a JSON object with such string fields of at
   most 1024 bytes.
@@ -36,12 +38,18 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from fanin.contracts.lines import message_lines
 from fanin.io.credentials import unreadable_credentials
-from fanin.io.inputs import PUBSUB_LINE_BYTES, check_start, input_lines, stream_lines
+from fanin.io.inputs import (
+    PUBSUB_LINE_BYTES,
+    UnreadableInput,
+    check_start,
+    input_lines,
+    stream_lines,
+)
 from fanin.io.pubsub import validate_topic_path
 
 __all__ = ["MAX_IN_FLIGHT", "MAX_KINDS", "NOTICE_S", "FailureKind", "PublishSummary",
@@ -72,6 +80,7 @@ class PublishSummary:
     failed: int
     kinds: tuple[FailureKind, ...] = ()
     interrupted: bool = False
+    unreadable: str | None = None  # the damage that ended the reading of a compressed file
 
 
 _GONE = object()
@@ -187,6 +196,16 @@ def _line_attributes(line: bytes) -> dict[str, str]:
     return attributes
 
 
+def _until_damage(lines: Iterable[tuple[bytes, int]], damage: list[str]
+                  ) -> Iterator[tuple[bytes, int]]:
+    """``lines`` up to the damage of a compressed file, if any, whose text is then put in
+    ``damage`` (the lines before it are sent and counted)."""
+    try:
+        yield from lines
+    except UnreadableInput as exc:
+        damage.append(str(exc))
+
+
 @contextmanager
 def _input(path: str) -> Iterator[Iterable[bytes]]:
     if path == "-":
@@ -227,8 +246,9 @@ def publish_file(
         client = pubsub_v1.PublisherClient()
     except OSError as error:  # not of the input: of the credentials file
         raise unreadable_credentials(error) from None
+    damage: list[str] = []
     with _input(path) as handle:
-        lines = message_lines(handle)
+        lines = _until_damage(message_lines(handle), damage)
         try:
             gave_up = False
             for line, line_no in lines:
@@ -265,6 +285,6 @@ def publish_file(
                     state.give_up_in_flight(
                         "interrupted before Pub/Sub confirmed it (it may still arrive)"
                         if interrupted else f"not confirmed: {silence}; it may still arrive")
-                return state.summary(interrupted)
+                return replace(state.summary(interrupted), unreadable=next(iter(damage), None))
         finally:
             client.stop()

@@ -181,6 +181,25 @@ def test_a_file_not_of_its_suffixs_format_is_one_line_and_nothing_is_sent(
     assert pubsub_emulator.pull(subscription) == []
 
 
+def test_a_file_cut_short_sends_and_counts_the_lines_before_the_cut(
+        pubsub_emulator: PubSubEmulator, tmp_path: Path) -> None:
+    """The lines before the damage were published, and no count was printed (exit 2, no
+    ``sent=N failed=M``): what went out was counted nowhere."""
+    whole = gzip.compress(receipts_file(tmp_path / "in.jsonl", 3000).read_bytes())
+    path = tmp_path / "cut.jsonl.gz"
+    path.write_bytes(whole[:len(whole) // 2])
+    topic, subscription = pubsub_emulator.topic_and_subscription("cut")
+    done = fanin("publish", "--topic", topic, "--progress-every", "0", str(path))
+    (line,) = done.stderr.splitlines()
+    read = int(line.split("after line ")[1].split()[0])
+    assert line.startswith(f"fanin publish: error: input {path} cannot be decompressed after "
+                           f"line {read} (the file is cut short)")
+    assert (done.returncode, done.stdout) == (2, f"sent={read} failed=0\n")
+    assert 0 < read < 3000
+    got = pubsub_emulator.collect(subscription, lambda msgs: len(msgs) >= read, 30)
+    assert sorted(json.loads(m.data)["value"] for m in got) == list(range(read))
+
+
 def test_bad_use_is_one_line_before_anything_is_sent(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
