@@ -97,7 +97,7 @@ def _add_run(subparsers: argparse._SubParsersAction[_Parser]) -> None:
     joins.add_argument("--retention-s", type=float, default=604800.0)
     limits = run.add_argument_group("limits")
     limits.add_argument("--max-bytes", type=int, default=256 * 1024,
-                        help="largest message accepted, in bytes")
+                        help="largest message accepted, in bytes (below 2**62)")
     limits.add_argument("--max-messages-per-join", type=int, default=100_000,
                         help="most messages a join holds; a further one is late if the join "
                         "has closed, starts the next join if the join was undefined and "
@@ -105,7 +105,8 @@ def _add_run(subparsers: argparse._SubParsersAction[_Parser]) -> None:
                         "(docs/spec.md §4)")
     limits.add_argument("--max-bytes-per-join", type=int, default=16 * 1024 * 1024,
                         help="most bytes of messages a join holds (default 16 MiB, under "
-                        "Dataflow's element and commit limits; at least --max-bytes); "
+                        "Dataflow's element and commit limits; at least --max-bytes, below "
+                        "2**62); "
                         "further ones as with --max-messages-per-join")
     limits.add_argument("--window-s", type=float, default=None,
                         help="Pub/Sub runs only: longest wait (processing time, in seconds "

@@ -18,10 +18,13 @@ from fanin.core.outcomes import CLOSES, DEAD_LETTER, LATE
 from fanin.transforms.join import DEFAULT_MAX_BYTES_PER_JOIN
 from fanin.transforms.write import FORMATS
 
-__all__ = ["MAX_SHARDS", "MAX_WINDOW_S", "ConfigError", "RunConfig"]
+__all__ = ["MAX_BYTES_LIMIT", "MAX_SHARDS", "MAX_WINDOW_S", "ConfigError", "RunConfig"]
 
 MAX_WINDOW_S = 86_400  # --window-s: outputs are written at least once a day
 MAX_SHARDS = 1_000  # --shards: file names give a shard three digits (s000-s999)
+# --max-bytes, --max-bytes-per-join: above any memory, below what a read's limit (the size
+# and a few bytes) can index (an OverflowError blamed the input file)
+MAX_BYTES_LIMIT = 2**62
 
 
 class ConfigError(ValueError):
@@ -91,6 +94,9 @@ class RunConfig:
             raise ConfigError("--max-bytes and --max-messages-per-join must be >= 1")
         if self.max_messages_per_join >= sys.maxsize:  # the bounded plan counts to it + 1
             raise ConfigError(f"--max-messages-per-join must be < {sys.maxsize}")
+        if max(self.max_bytes, self.max_bytes_per_join) >= MAX_BYTES_LIMIT:
+            raise ConfigError("--max-bytes and --max-bytes-per-join must be < "
+                              f"{MAX_BYTES_LIMIT} (2**62)")
         if self.max_bytes_per_join < self.max_bytes:
             raise ConfigError("--max-bytes-per-join must be >= --max-bytes (a join must hold "
                               "at least one message)")

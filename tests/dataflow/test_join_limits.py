@@ -80,6 +80,18 @@ def test_the_byte_cap_must_hold_one_message() -> None:
         RunConfig(output="o", inputs=["i"], max_bytes=1000, max_bytes_per_join=999).validate()
 
 
+@pytest.mark.parametrize("limits", [{"max_bytes": 2**62, "max_bytes_per_join": 2**62},
+                                    {"max_bytes_per_join": 2**63 - 2}])
+def test_a_size_limit_beyond_any_index_is_refused(limits: dict[str, int]) -> None:
+    """``fanin run --max-bytes 9223372036854775806 ...`` blamed the input file: "cannot be
+    read at its start (OverflowError ...)"."""
+    with pytest.raises(ConfigError, match=r"^--max-bytes and --max-bytes-per-join must be < "
+                                          r"4611686018427387904 \(2\*\*62\)$"):
+        RunConfig(output="o", inputs=["i"], **limits).validate()
+    RunConfig(output="o", inputs=["i"], max_bytes=2**62 - 1,
+              max_bytes_per_join=2**62 - 1).validate()
+
+
 def test_the_default_cap_keeps_a_join_under_dataflows_limits() -> None:
     """A record in state takes ~4x its message (measured here with Beam's coder on a message of
     the largest size accepted); a full join's bag plus its close must fit one key commit
