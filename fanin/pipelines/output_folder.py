@@ -15,11 +15,12 @@ import uuid
 from collections.abc import Callable, Sequence
 
 from fanin.core.outcomes import CLOSES, DEAD_LETTER, LATE
-from fanin.io.output_lock import OutputLock, check_not_busy
+from fanin.io.output_lock import MARK, OutputLock, check_not_busy
 from fanin.pipelines.config import ConfigError, RunConfig
 from fanin.transforms.read import expand_inputs
 
-__all__ = ["absent_folders", "check_output_early", "files_in", "locked_output", "remove_empty"]
+__all__ = ["absent_folders", "check_output_early", "enclosing_output", "files_in",
+           "locked_output", "remove_empty"]
 
 
 def _prepare_output(output: str, overwrite: bool, kept: Sequence[tuple[str, str]] = (),
@@ -186,12 +187,51 @@ def check_output_early(config: RunConfig) -> None:
     and a file in its path), so that a refused run says one line and nothing else; the lock
     (``locked_output``) checks again, holding the folder."""
     check_not_busy(config.output)
+    enclosing = enclosing_output(config.output)
+    if enclosing is not None:
+        raise ConfigError(f"--output {config.output} is in {enclosing}, an output folder of "
+                          "an earlier run: fanin query would read its files as that run's, and "
+                          "its --overwrite delete them; give a folder outside it")
     ancestor = os.path.abspath(config.output)
     while not os.path.exists(ancestor) and os.path.dirname(ancestor) != ancestor:
         ancestor = os.path.dirname(ancestor)
     _not_a_file(ancestor)
     _checked_folders(config.output, _output_folders(config.output), config.overwrite,
                      config.reads_pubsub)
+
+
+def enclosing_output(path: str, output: str | None = None) -> str | None:
+    """The output folder (``closes/``, ``late/`` or ``dead_letter/``) that holds ``path`` (or
+    is it): one of ``output``'s, or of a folder holding a run's outputs (its files, or the
+    mark of a run); else None. A file or a run's outputs put there would be read by ``fanin
+    query`` as that folder's, and deleted by its ``--overwrite``."""
+    real = os.path.realpath(path)
+    if output is not None and "://" not in output:
+        for folder in _output_folders(output):
+            if os.path.commonpath([os.path.realpath(folder), real]) == os.path.realpath(folder):
+                return folder
+    ancestor = real
+    while os.path.dirname(ancestor) != ancestor:
+        parent = os.path.dirname(ancestor)
+        if os.path.basename(ancestor) in (CLOSES, LATE, DEAD_LETTER) and _holds_outputs(parent):
+            return ancestor
+        ancestor = parent
+    return None
+
+
+def _holds_outputs(folder: str) -> bool:
+    """``folder`` holds a run's outputs: a file of ``fanin run``'s naming in one of its
+    output folders, or the mark a run leaves (``MARK``)."""
+    if os.path.lexists(os.path.join(folder, MARK)):
+        return True
+    for kind in (CLOSES, LATE, DEAD_LETTER):
+        try:
+            names = os.listdir(os.path.join(folder, kind))
+        except OSError:  # absent, or not a folder
+            continue
+        if any(name.startswith((f"{kind}-", "close_date=")) for name in names):
+            return True
+    return False
 
 
 def _output_folders(output: str) -> list[str]:

@@ -54,6 +54,7 @@ from google.protobuf import json_format
 
 from fanin.io.files import atomic_write
 from fanin.pipelines.dataflow_checks import staged_files
+from fanin.pipelines.output_folder import enclosing_output
 from fanin.pipelines.pipeline import (
     RunConfig,
     beam_pipeline,
@@ -271,8 +272,9 @@ def _dataflow_job(job: Any) -> dict[str, Any]:
     return json.loads(job.json())
 
 
-def _check_out_path(path: str) -> None:
-    """Refuse a ``--dry-run`` FILE that can never be written as a local file."""
+def _check_out_path(path: str, output: str | None) -> None:
+    """Refuse a ``--dry-run`` FILE that can never be written as a local file, or that would
+    be one more file in an output folder (the run's ``output``, an earlier run's)."""
     if not path or path.endswith(("/", os.sep)):
         raise DryRunError(f"--dry-run {path!r}: give a file name")
     if "://" in path:
@@ -284,6 +286,10 @@ def _check_out_path(path: str) -> None:
         parent = os.path.dirname(parent)
     if not os.path.isdir(parent):
         raise DryRunError(f"--dry-run {path}: {parent} is a file, not a folder")
+    enclosing = enclosing_output(path, output)
+    if enclosing is not None:
+        raise DryRunError(f"--dry-run {path}: is in {enclosing}, an output folder (the next "
+                          "run would refuse it, or delete the file); give a file outside it")
 
 
 def _write_json(path: str, obj: dict[str, Any]) -> None:
@@ -326,7 +332,7 @@ def dry_run(config: RunConfig, beam_args: Sequence[str], out_path: str) -> DryRu
             _local("--input", path)
     if config.contracts_path:
         _local("--contracts", config.contracts_path)
-    _check_out_path(out_path)
+    _check_out_path(out_path, config.output)
     _not_an_input(out_path, config)
     catalog = catalog_for(config)
     options = configure_options(config, beam_args)

@@ -200,6 +200,25 @@ def test_a_subscriptions_next_run_keeps_the_mark_of_the_messages_lost_before_it(
     assert folder_state(folder) is None
 
 
+@pytest.mark.parametrize("inside", ["closes/sub", "late", "dead_letter/a/b"])
+def test_a_run_into_an_earlier_runs_output_folder_is_refused(
+        tmp_path: Path, inside: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """It ran: fanin query on the earlier folder then read the nested run's files as its own
+    (or refused them), and its --overwrite deleted them."""
+    earlier = tmp_path / "earlier"
+    assert main(_run(earlier)) == 0
+    before = _files(earlier)
+    capsys.readouterr()
+    assert main(_run(earlier / inside, "--overwrite")) == 2
+    kind = inside.split("/")[0]
+    assert capsys.readouterr().err == (
+        f"fanin: error: --output {earlier / inside} is in {earlier / kind}, an output folder "
+        "of an earlier run: fanin query would read its files as that run's, and its "
+        "--overwrite delete them; give a folder outside it\n")
+    assert _files(earlier) == before
+    assert main(_run(tmp_path / "closes" / "fresh")) == 0  # a folder named closes: no outputs
+
+
 def test_a_busy_folder_is_named_busy_before_any_other_refusal(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The early check of the folder told a second run to pass --overwrite."""

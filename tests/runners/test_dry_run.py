@@ -202,6 +202,8 @@ def _bad_use(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     ("folder", "is a folder"),
     ("folder/", "give a file name"),
     ("gs://fanin-dry-run-bucket/g.json", "give a local file"),
+    # the run's own output folder: the run after it was refused (it "already holds outputs")
+    ("out/closes/g.json", "out/closes, an output folder (the next run would refuse it"),
 ])
 def test_a_dry_run_file_that_cannot_be_written_is_one_line_and_exit_2(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
