@@ -16,8 +16,12 @@ Guarantees:
 - Numeric options are checked when the command line is parsed, before anything starts or is
   written: ``--rest-port`` in [1, 65533] (the JobManager RPC and blob ports are the next two),
   ``--pool-port`` in [1, 65535], ``--slots`` in [1, 2**31 - 1] (Flink reads it as a Java
-  ``int``), ``--timeout-s`` finite and > 0. Bad use is one ``fanin: error:`` line on stderr and
-  exit code 2, for every action.
+  ``int``), ``--timeout-s`` finite and > 0; then, before anything starts or is written,
+  ``--pool-port`` is none of the cluster's own ports and ``--dir`` is a folder (or absent).
+  Bad use is one ``fanin: error:`` line on stderr and exit code 2, for every action.
+- ``start`` starts the worker pool only on a free port (else one line, exit 1, before any
+  process starts), and says ``ready`` only once the pool it started listens: a pool that
+  exits (it failed to bind, say) is one line naming its log, exit 1.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import argparse
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -181,6 +186,9 @@ def start(cluster: Cluster, timeout_s: float = 90.0, say: Any = print) -> Cluste
     (Flink lists it a moment before its slots)."""
     from fanin.runners.toolchain import flink_home
 
+    if cluster.pid("pool") is None and not _free(cluster.pool_port):
+        raise RuntimeError(f"port {cluster.pool_port} (--pool-port) is in use: the Beam worker "
+                           "pool could not listen there")
     home = flink_home()
     if not os.path.isfile(os.path.join(home, "bin", "jobmanager.sh")):
         raise RuntimeError(f"no Flink distribution at {home}: run `fanin setup flink` first")
@@ -203,18 +211,34 @@ def start(cluster: Cluster, timeout_s: float = 90.0, say: Any = print) -> Cluste
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         with open(cluster.pid_file("pool"), "w", encoding="ascii") as handle:
             handle.write(str(pool.pid))
-        say(f"flink-cluster: started the Beam worker pool on {cluster.pool}")
+        say(f"flink-cluster: starting the Beam worker pool on {cluster.pool}")
+    else:
+        pool = None
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
+        if pool is not None and pool.poll() is not None:
+            os.remove(cluster.pid_file("pool"))
+            raise RuntimeError(f"flink-cluster: the Beam worker pool exited at its start (exit "
+                               f"code {pool.returncode}); see "
+                               f"{os.path.join(cluster.directory, 'log', 'worker_pool.log')}")
         view = cluster.overview()
-        if view and view.get("taskmanagers", 0) >= 1 and view.get("slots-total", 0) >= 1:
+        if view and view.get("taskmanagers", 0) >= 1 and view.get("slots-total", 0) >= 1 \
+                and not _free(cluster.pool_port):  # the pool listens
             say(f"flink-cluster: ready (Flink {view.get('flink-version')}, "
                 f"{view.get('slots-total')} slots); submit with: "
                 f"fanin run ... {' '.join(cluster.run_options())}")
             return cluster
         time.sleep(0.5)
-    raise RuntimeError(f"flink-cluster: no TaskManager registered within {timeout_s:.0f} s; "
-                       f"see {os.path.join(cluster.directory, 'log')}")
+    raise RuntimeError(f"flink-cluster: no TaskManager registered, or no worker pool "
+                       f"listening, within {timeout_s:.0f} s; see "
+                       f"{os.path.join(cluster.directory, 'log')}")
+
+
+def _free(port: int) -> bool:
+    """Nothing listens on ``port`` of 127.0.0.1 (a connection is refused)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.settimeout(2)
+        return probe.connect_ex(("127.0.0.1", port)) != 0
 
 
 def stop(cluster: Cluster, say: Any = print) -> None:
@@ -243,6 +267,14 @@ def stop(cluster: Cluster, say: Any = print) -> None:
 
 def _command(args: argparse.Namespace) -> int:
     cluster = Cluster(os.path.abspath(args.dir), args.rest_port, args.pool_port, args.slots)
+    own = range(args.rest_port, args.rest_port + 3)
+    if args.pool_port in own:
+        print(f"fanin: error: --pool-port {args.pool_port} is one of the cluster's own ports "
+              f"(--rest-port and the next two: {own.start}-{own.stop - 1})", file=sys.stderr)
+        return 2
+    if not _can_be_folder(args.dir):
+        print(f"fanin: error: --dir {args.dir!r} is not a folder", file=sys.stderr)
+        return 2
     try:
         if args.action == "start":
             start(cluster, args.timeout_s)
@@ -254,6 +286,16 @@ def _command(args: argparse.Namespace) -> int:
         print(f"fanin: error: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 1
     return 0
+
+
+def _can_be_folder(path: str) -> bool:
+    """``path`` is a folder, or can be made one (its nearest existing ancestor is a folder)."""
+    if not path:
+        return False
+    ancestor = os.path.abspath(path)
+    while not os.path.lexists(ancestor):
+        ancestor = os.path.dirname(ancestor)
+    return os.path.isdir(ancestor)
 
 
 def _int_in(low: int, high: int) -> Any:

@@ -54,6 +54,24 @@ def test_bad_numbers_are_one_line_and_exit_2(argv: list[str], tmp_path: Path,
     assert not folder.exists()
 
 
+@pytest.mark.parametrize(("argv", "named"), [
+    (["start", "--pool-port", "8082"], "--pool-port 8082 is one of the cluster's own ports "
+                                       "(--rest-port and the next two: 8081-8083)"),
+    (["stop", "--rest-port", "9000", "--pool-port", "9000"], "--pool-port 9000 is one of"),
+    (["start", "--dir", "/dev/null"], "--dir '/dev/null' is not a folder"),
+    (["start", "--dir", "/dev/null/x"], "--dir '/dev/null/x' is not a folder"),
+    (["status", "--dir", ""], "--dir '' is not a folder"),
+])
+def test_options_that_clash_are_one_line_and_exit_2(argv: list[str], named: str,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """A pool on the JobManager's RPC port: start said ready while its pool had failed to
+    bind; a --dir that is a file: exit 1 and "[Errno 20] Not a directory"."""
+    assert fanin_main(["flink-cluster", *argv]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith(f"fanin: error: {named}") and captured.out == ""
+    assert len(captured.err.splitlines()) == 1
+
+
 def test_the_bounds_themselves_are_accepted() -> None:
     parser = argparse.ArgumentParser(prog="fanin")
     flink_cluster.add_subcommand(parser.add_subparsers(dest="command", required=True))

@@ -4,12 +4,14 @@ process the user may signal), is removed and nothing is signalled. Real processe
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from fanin.cli import main as fanin_main
 from fanin.runners.flink_cluster import Cluster, stop
 
 
@@ -50,3 +52,19 @@ def test_a_pool_of_another_port_is_not_this_clusters(tmp_path: Path) -> None:
         assert other.poll() is None
     finally:
         other.communicate(b"")
+
+
+def test_a_pool_port_in_use_is_one_line_before_anything_starts(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Its pool failed to bind (its log said so) and start said ready all the same."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert fanin_main(["flink-cluster", "start", "--dir", str(tmp_path / "fc"),
+                           "--rest-port", str(port + 10 if port < 65000 else port - 10),
+                           "--pool-port", str(port)]) == 1
+    assert capsys.readouterr().err == (
+        f"fanin: error: port {port} (--pool-port) is in use: the Beam worker pool could not "
+        "listen there\n")
+    assert not (tmp_path / "fc").exists()
