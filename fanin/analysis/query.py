@@ -268,6 +268,8 @@ def open_outputs(directory: str | os.PathLike[str]) -> duckdb.DuckDBPyConnection
     raises ``KeyboardInterrupt`` between two files (``interrupts_held``), never an error of
     DuckDB's.
     """
+    if not os.fspath(directory):  # Path("") is the working folder: a DIR left empty by mistake
+        raise ValueError("an empty name is no output folder: give DIR")
     root = Path(directory)
     if not root.is_dir():
         what = "a file, not an output folder" if root.exists() else "no such output directory"

@@ -340,3 +340,6 @@ def test_a_file_given_as_the_output_folder_is_named_a_file(
     assert main([command, str(tmp_path / "nowhere"), *argv[2:]]) == 2
     assert capsys.readouterr().err == (f"fanin {command}: error: no such output directory: "
                                        f"{tmp_path / 'nowhere'}\n")
+    assert main([command, "", *argv[2:]]) == 2  # it read the working folder
+    assert capsys.readouterr().err == (f"fanin {command}: error: an empty name is no output "
+                                       "folder: give DIR\n")
