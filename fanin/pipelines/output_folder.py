@@ -205,6 +205,8 @@ def enclosing_output(path: str, output: str | None = None) -> str | None:
     is it): one of ``output``'s, or of a folder holding a run's outputs (its files, or the
     mark of a run); else None. A file or a run's outputs put there would be read by ``fanin
     query`` as that folder's, and deleted by its ``--overwrite``."""
+    if "://" in path:  # a bucket's folder: no local folder holds it
+        return None
     real = os.path.realpath(path)
     if output is not None and "://" not in output:
         for folder in _output_folders(output):
