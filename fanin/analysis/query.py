@@ -68,6 +68,7 @@ import json
 import math
 import os
 import re
+import tempfile
 import threading
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -260,6 +261,14 @@ def _memory_limit() -> str:
 _MEMORY_LIMIT = _memory_limit()
 
 
+def _spill_folder() -> str:
+    """Where a statement larger than the memory limit spills: a fresh folder in the system's
+    temporary folder, which DuckDB makes when it first spills and deletes when the connection
+    closes (its default, ``.tmp`` in the working folder, wrote beside the user's files, and
+    failed in a folder the user cannot write in)."""
+    return os.path.join(tempfile.gettempdir(), f"fanin-query-{uuid.uuid4().hex}")
+
+
 def open_outputs(directory: str | os.PathLike[str]) -> duckdb.DuckDBPyConnection:
     """Locked-down in-memory connection with views ``closes``, ``late``, ``dead_letter``.
 
@@ -278,7 +287,7 @@ def open_outputs(directory: str | os.PathLike[str]) -> duckdb.DuckDBPyConnection
     con = duckdb.connect(
         ":memory:",
         config={"autoinstall_known_extensions": False, "autoload_known_extensions": False,
-                "memory_limit": _MEMORY_LIMIT},
+                "memory_limit": _MEMORY_LIMIT, "temp_directory": _spill_folder()},
     )
     try:
         with interrupts_held() as check:

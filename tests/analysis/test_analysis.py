@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import csv
 import decimal
+import hashlib
 import io
 import json
 import os
@@ -13,6 +14,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 from typing import Any
@@ -545,6 +547,27 @@ def test_control_characters_reach_no_terminal(tmp_path: Path,
     assert _cli(["report", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert f"top missing:  {shown} 1" in out and "\x1b" not in out
+
+
+def test_a_statement_beyond_the_memory_limit_spills_outside_the_working_folder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """DuckDB spilled to ``.tmp`` in the working folder: beside the user's files, and failing
+    where that name cannot be made (here a file holds it)."""
+    write_jsonl(tmp_path / "out", sample(5))
+    work, system_tmp = tmp_path / "work", tmp_path / "system-tmp"
+    work.mkdir()
+    system_tmp.mkdir()
+    (work / ".tmp").write_text("the user's\n")
+    monkeypatch.chdir(work)
+    monkeypatch.setattr(tempfile, "tempdir", str(system_tmp))
+    monkeypatch.setattr(query, "_MEMORY_LIMIT", "64MB")
+    sql = ("SELECT m FROM (SELECT md5(i::VARCHAR) AS m FROM range(3000000) t(i)) "
+           "ORDER BY m LIMIT 3 OFFSET 1500000")  # the sort holds 3,000,000 texts: ~200 MB
+    ranked = sorted(hashlib.md5(str(i).encode()).hexdigest() for i in range(3_000_000))
+    assert json.loads(query.run_query(tmp_path / "out", sql, "json")) == [
+        {"m": m} for m in ranked[1_500_000:1_500_003]]
+    assert sorted(os.listdir(work)) == [".tmp"] and (work / ".tmp").read_text() == "the user's\n"
+    assert os.listdir(system_tmp) == []  # the spill folder went with the connection
 
 
 def test_a_parquet_folder_named_like_a_pattern_is_that_folder(tmp_path: Path) -> None:
