@@ -175,11 +175,16 @@ def _opened_parquet(file: Path) -> Iterator[pq.ParquetFile]:
     ``*`` and ``?`` in it: a folder named ``o[x]`` read the files of ``ox``). A file that is
     not Parquet, or damaged, is named (``ValueError``)."""
     try:
-        with open(file, "rb") as handle:
-            yield pq.ParquetFile(handle)
-    except pa.ArrowException as exc:
+        handle = open(file, "rb")  # noqa: SIM115 (closed below, after the body's reads)
+    except OSError as exc:
+        raise ValueError(f"{file}: cannot be opened: {exc.strerror or exc}") from None
+    try:
+        yield pq.ParquetFile(handle)
+    except (pa.ArrowException, OSError) as exc:  # damaged data pages: pyarrow's OSError
         lines = str(exc).strip().splitlines() or [type(exc).__name__]
         raise ValueError(f"{file}: not a readable Parquet file: {lines[0]}") from None
+    finally:
+        handle.close()
 
 
 def _check_parquet(kind: str, files: Sequence[Path]) -> None:

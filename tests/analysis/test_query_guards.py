@@ -150,13 +150,20 @@ def test_ctrl_c_while_the_statement_s_thread_starts_is_still_one_line(
     assert capsys.readouterr().err.strip() == "fanin query: interrupted"
 
 
-def test_a_damaged_parquet_file_is_named(outputs: Path, tmp_path: Path,
+@pytest.mark.parametrize("where", ["footer", "data"])
+def test_a_damaged_parquet_file_is_named(outputs: Path, tmp_path: Path, where: str,
                                          capsys: pytest.CaptureFixture[str]) -> None:
-    """Its error named no file (``Parquet magic bytes not found in footer``)."""
+    """Its error named no file (``Parquet magic bytes not found in footer``; damaged data,
+    ``Invalid or corrupted bit_width 255``, is an OSError of pyarrow's)."""
     out = tmp_path / "out"
     shutil.copytree(outputs, out)
     damaged = out / "late" / "late-all-p0000-s000.parquet"
-    damaged.write_bytes(b"PAR1 not really parquet")
+    assert main(["run", "--input", EXAMPLE, "--contracts", CONTRACTS_PATH, "--output",
+                 str(tmp_path / "pq"), "--format", "parquet"]) == 0
+    capsys.readouterr()
+    data = bytearray((tmp_path / "pq" / "late" / damaged.name).read_bytes())
+    data[4:36] = b"\xff" * 32  # the first data page's header and values
+    damaged.write_bytes(b"PAR1 not really parquet" if where == "footer" else bytes(data))
     assert main(["report", str(out)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"fanin report: error: {damaged}: not a readable Parquet file: ")
