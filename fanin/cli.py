@@ -31,6 +31,8 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import NoReturn
 
+from fanin.contracts.shown import visible
+
 __all__ = ["main"]
 
 # Subcommand -> (module that adds it with ``add_subcommand(subparsers)``, one-line help).
@@ -48,7 +50,7 @@ _PLUGINS: dict[str, tuple[str, str]] = {
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:  # one line, exit 2
-        self.exit(2, f"fanin: error: {message.splitlines()[0]}\n")
+        self.exit(2, f"fanin: error: {visible(message.splitlines()[0])}\n")
 
 
 def _add_run(subparsers: argparse._SubParsersAction[_Parser]) -> None:
@@ -195,7 +197,7 @@ def _run(args: argparse.Namespace, beam_args: Sequence[str]) -> int:
                     failure = None if _is_interrupt(exc) else runner_failure(exc, beam_args)
                     if failure is None:  # said while the job's workers are still kept quiet
                         raise
-                    print(f"fanin: error: {failure[0]}", file=sys.stderr)
+                    print(f"fanin: error: {visible(failure[0])}", file=sys.stderr)
                     if args.own_process:
                         reported.quiet_failed_job()
                     return failure[1]
@@ -207,7 +209,7 @@ def _run(args: argparse.Namespace, beam_args: Sequence[str]) -> int:
             raise
     except (ConfigError, ContractsError, FileNotFoundError, ValueError,
             NotImplementedError) as exc:
-        print(f"fanin: error: {_one_line(exc)}", file=sys.stderr)
+        print(f"fanin: error: {visible(_one_line(exc))}", file=sys.stderr)
         return 2
     if "://" not in args.output:
         _summary(args.output, "jsonl" in config.formats, earlier)
@@ -224,7 +226,7 @@ def _interrupted(output: str) -> int:
     from fanin.io.output_lock import UNFINISHED, folder_state
 
     if "://" not in output and folder_state(output) == UNFINISHED:
-        print(f"fanin: interrupted: {output} holds partial outputs (run again with "
+        print(f"fanin: interrupted: {visible(output)} holds partial outputs (run again with "
               "--overwrite)", file=sys.stderr)
     else:
         print("fanin: interrupted before it wrote anything", file=sys.stderr)
@@ -292,7 +294,7 @@ def _summary(output: str, jsonl: bool, earlier: frozenset[str] = frozenset()) ->
               for kind in ("closes", "late", "dead_letter")}
     parts = " ".join(f"{kind}={n}" for kind, n in counts.items())
     where = os.path.join(output, "{closes,late,dead_letter}")  # no "//" after "out/"
-    print(f"fanin: done: {parts}; outputs in {where}/",
+    print(f"fanin: done: {parts}; outputs in {visible(where)}/",
           file=sys.stderr)
 
 

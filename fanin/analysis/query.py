@@ -81,6 +81,7 @@ import pyarrow.parquet as pq
 
 from fanin.analysis.interrupts import interrupts_held
 from fanin.contracts import tables
+from fanin.contracts.shown import visible
 from fanin.contracts.timefmt import format_ms
 from fanin.io.files import atomic_write
 
@@ -426,22 +427,6 @@ def _cell(value: Any, null: str) -> str:
     if value is None:
         return null
     return value if isinstance(value, str) else exact.dumps(value, ensure_ascii=False)
-
-
-# C0 and C1 control characters and DEL; the line and paragraph separators; the marks and
-# controls of bidirectional text (which reorder what follows them on the line): as Python
-# writes them in a string literal
-_ESCAPES = {code: repr(chr(code))[1:-1] for code in (
-    *range(0x20), *range(0x7F, 0xA0), 0x2028, 0x2029, 0x061C, 0x200E, 0x200F,
-    *range(0x202A, 0x202F), *range(0x2066, 0x206A))}
-
-
-def visible(text: str) -> str:
-    """``text`` for a terminal: control characters (escape sequences that retitle, clear or
-    recolour it; a newline that splits a row), line separators and the controls of
-    bidirectional text (a right-to-left override that reverses the rest of a row) shown as
-    ``\\x1b``, ``\\n``, ``\\u2028``, ``\\u202e``..."""
-    return text.translate(_ESCAPES)
 
 
 def _render(names: Sequence[str], types: Sequence[str], rows: Sequence[tuple[Any, ...]],

@@ -39,6 +39,7 @@ import time
 from dataclasses import fields, replace
 from typing import Any, TextIO
 
+from fanin.contracts.shown import visible
 from fanin.contracts.timefmt import parse_rfc3339
 from fanin.fleet.simulate import (
     EPOCH,
@@ -166,7 +167,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     """Run the subcommand for parsed ``args``; returns the exit code."""
     if args.rate is not None and args.start not in (None, "now"):
         print(f"fanin simulate: error: --rate starts now; it cannot be combined with "
-              f"--start {args.start}", file=sys.stderr)
+              f"--start {visible(args.start)}", file=sys.stderr)
         return 2
     args.start = args.start or EPOCH
     overrides = {spec.name: getattr(args, spec.name) for spec in fields(SimRates)
@@ -180,7 +181,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         out = sys.stdout if args.out == "-" else \
             open(args.out, "w", encoding="utf-8", newline="\n")  # noqa: SIM115
     except OSError as exc:  # a folder, a path under a file, ...: bad use
-        print(f"fanin simulate: error: cannot write --out {args.out}: "
+        print(f"fanin simulate: error: cannot write --out {visible(args.out)}: "
               f"{exc.strerror or exc}", file=sys.stderr)
         return 2
     opened = None if out is sys.stdout else os.fstat(out.fileno())
@@ -189,17 +190,18 @@ def run_simulate(args: argparse.Namespace) -> int:
             summary = _write(args, out, rates)
     except OSError as exc:
         _discard(args, opened)
-        print(f"fanin simulate: cannot write {args.out}: {exc.strerror or exc}", file=sys.stderr)
+        print(f"fanin simulate: cannot write {visible(args.out)}: {exc.strerror or exc}",
+              file=sys.stderr)
         return 1
     except PastYear9999 as exc:  # --start too late for this many joins: bad use
         _discard(args, opened)
-        print(f"fanin simulate: error: --start {args.start}: {exc}", file=sys.stderr)
+        print(f"fanin simulate: error: --start {visible(args.start)}: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         _discard(args, opened)
         print("fanin simulate: interrupted", file=sys.stderr)
         return 130
-    print(f"fanin simulate: wrote {args.out}: {summary.one_line()}",
+    print(f"fanin simulate: wrote {visible(args.out)}: {summary.one_line()}",
           file=sys.stderr if args.out == "-" else sys.stdout)
     return 0
 

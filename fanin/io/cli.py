@@ -30,6 +30,7 @@ import sys
 import threading
 from types import FrameType
 
+from fanin.contracts.shown import visible
 from fanin.fleet.cli import count_arg
 
 __all__ = ["add_subcommand", "positive_seconds", "run_publish"]
@@ -86,7 +87,7 @@ def _service() -> str:
 def _bad_use(message: str) -> int:
     """One ``fanin publish: error: ...`` line on stderr (as every subcommand says bad use);
     exit status 2."""
-    print(f"fanin publish: error: {message}", file=sys.stderr)
+    print(f"fanin publish: error: {visible(message)}", file=sys.stderr)
     return 2
 
 
@@ -154,7 +155,7 @@ def run_publish(args: argparse.Namespace) -> int:  # noqa: C901 (one exit per pu
         print("fanin publish: interrupted; lines after the last one sent were not read",
               file=sys.stderr)
     if summary.unreadable is not None:  # the lines before the damage were sent: counted
-        print(f"fanin publish: error: {summary.unreadable}", file=sys.stderr)
+        print(f"fanin publish: error: {visible(summary.unreadable)}", file=sys.stderr)
     print(f"sent={summary.sent} failed={summary.failed}", flush=True)
     if summary.interrupted:
         return INTERRUPTED

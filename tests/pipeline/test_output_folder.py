@@ -415,6 +415,23 @@ def test_overwrite_that_the_system_refuses_for_one_entry_deletes_nothing(
     assert sorted(p.name for p in out.rglob(".fanin-*")) == []
 
 
+def test_names_the_user_gave_reach_the_terminal_escaped(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An output folder's or an input's name holding an escape sequence or a newline was
+    printed raw in the summary and the error lines (query's table already escaped them)."""
+    out = tmp_path / "o\x1b]0;PWNED\x07\nX"
+    assert main(_run(out)) == 0
+    done = capsys.readouterr().err.strip().splitlines()[-1]
+    assert done.endswith(f"outputs in {tmp_path}/o\\x1b]0;PWNED\\x07\\nX/{{closes,late,"
+                         "dead_letter}/")
+    missing = tmp_path / "in\u202egol.jsonl"
+    assert main(["run", "--input", str(missing), "--output", str(tmp_path / "o2")]) == 2
+    assert capsys.readouterr().err == (
+        f"fanin: error: input matches no file: {tmp_path}/in\\u202egol.jsonl\n")
+    assert main(["simulate", "--joins", "1", "--out", str(tmp_path / "s\x1b[2J.jsonl")]) == 0
+    assert capsys.readouterr().out.startswith(f"fanin simulate: wrote {tmp_path}/s\\x1b[2J.jsonl: ")
+
+
 def test_a_run_refused_once_it_holds_the_folder_removes_the_folder_it_made(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
