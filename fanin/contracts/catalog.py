@@ -66,7 +66,7 @@ class Contract(BaseModel):
     fail_fast: bool | None = None
     close_trigger: CloseTrigger | None = None
     retention_s: Seconds | None = Field(default=None, ge=0, allow_inf_nan=False)
-    schemas: dict[str, dict[str, Any] | bool] = Field(default_factory=dict)
+    schemas: dict[str, Any] = Field(default_factory=dict)  # each an object or a boolean
 
     @field_validator("required", "optional")
     @classmethod
@@ -79,6 +79,9 @@ class Contract(BaseModel):
     @classmethod
     def _valid_schemas(cls, value: dict[str, Any]) -> dict[str, Any]:
         for key, schema in value.items():
+            if not isinstance(schema, (dict, bool)):  # one word, not one per union member
+                raise ValueError(f"schema for key {key!r}: a JSON Schema is an object or "
+                                 f"true/false, not {_json_kind(schema)}")
             try:
                 check_schema(schema)
             except ValueError as exc:
@@ -91,6 +94,15 @@ class Contract(BaseModel):
         if both:
             raise ValueError(f"branches both required and optional: {sorted(both)}")
         return self
+
+
+def _json_kind(value: Any) -> str:
+    """JSON's name for what YAML gave (a contracts file holds JSON's values only)."""
+    if value is None:
+        return "null"
+    if isinstance(value, (int, float)):
+        return "a number"
+    return "an array" if isinstance(value, list) else "a string"
 
 
 @dataclass(frozen=True)

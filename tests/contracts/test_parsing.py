@@ -224,6 +224,14 @@ def test_contracts_file_errors_name_file_contract_and_field(tmp_path: object) ->
         "contracts:\n  - name: a\n    allow_partial: yes\n": "field allow_partial",
         "contracts:\n  - name: a\n    schemas: {k: {$defs: {r: {$ref: '#/$defs/r'}}, "
         "$ref: '#/$defs/r'}}\n": "(a $ref cycle)",
+        # a schema that is neither an object nor a boolean: it named pydantic's union member
+        # ("field schemas.k.dict[str,any]: Input should be a valid dictionary")
+        "contracts:\n  - name: a\n    schemas: {k: null}\n":
+            "contract 'a': field schemas: schema for key 'k': a JSON Schema is an object or "
+            "true/false, not null",
+        "contracts:\n  - name: a\n    schemas: {k: 1}\n": "true/false, not a number",
+        "contracts:\n  - name: a\n    schemas: {k: [true]}\n": "true/false, not an array",
+        "contracts:\n  - name: a\n    schemas: {k: 'true'}\n": "true/false, not a string",
         # nesting beyond what can be read
         "contracts:\n  - name: a\n    schemas: {k: {const: " + "[" * 3000 + "]" * 3000 + "}}\n":
             "nested too deeply",
