@@ -170,8 +170,7 @@ def _checked_folders(output: str, folders: list[str], overwrite: bool, continues
         _no_dangling_link(folder)
         if os.path.isdir(folder) and os.listdir(folder) and (overwrite or not continues):
             if not overwrite:
-                raise ConfigError(f"{output} already holds outputs; pass --overwrite to "
-                                  "replace them")
+                raise ConfigError(_holds_something(output, folder))
             for parent, _, _ in os.walk(folder):  # deleting a file needs its folder writable
                 if not _writable(parent):
                     raise ConfigError(f"--overwrite: cannot delete the files in {parent}: "
@@ -180,6 +179,18 @@ def _checked_folders(output: str, folders: list[str], overwrite: bool, continues
         elif os.path.isdir(folder) and not _writable(folder):
             raise ConfigError(f"--output: cannot write in {folder}: {_not_writable(folder)}")
     return replaced
+
+
+def _holds_something(output: str, folder: str) -> str:
+    """Why ``output`` is refused without ``--overwrite``: its output ``folder`` holds outputs,
+    or only other files (named: ``--overwrite`` would delete them too)."""
+    kind = os.path.basename(folder)
+    names = sorted(os.listdir(folder))
+    if any(name.startswith((f"{kind}-", "close_date=", ".")) for name in names):  # ., a run's
+        return f"{output} already holds outputs; pass --overwrite to replace them"  # temporary
+    return (f"{folder} holds files that are not outputs of fanin run ({names[0]}"
+            f"{f' and {len(names) - 1} more' if len(names) > 1 else ''}), which --overwrite "
+            "would delete: move them out of it")
 
 
 def check_output_early(config: RunConfig) -> None:

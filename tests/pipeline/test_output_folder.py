@@ -257,6 +257,20 @@ def test_a_refused_output_folder_is_one_line_also_for_a_replay(
             and r.name.startswith("fanin")] == []
 
 
+def test_a_folder_holding_only_other_files_is_named_with_them(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """It said "already holds outputs; pass --overwrite", which deletes the user's files."""
+    out = tmp_path / "out"
+    (out / "late").mkdir(parents=True)
+    (out / "late" / "notes.txt").write_text("mine\n")
+    (out / "late" / "sub").mkdir()
+    assert main(_run(out)) == 2
+    assert capsys.readouterr().err == (
+        f"fanin: error: {out / 'late'} holds files that are not outputs of fanin run (notes.txt "
+        "and 1 more), which --overwrite would delete: move them out of it\n")
+    assert (out / "late" / "notes.txt").read_text() == "mine\n"
+
+
 def test_a_named_pipe_where_the_mark_goes_blocks_no_reader(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "out"
