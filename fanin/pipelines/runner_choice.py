@@ -25,9 +25,12 @@ __all__ = ["check_local_workers", "check_runner_class", "choose_runner", "early_
 
 
 def choose_runner(config: RunConfig, options: PipelineOptions) -> str:
-    """The runner to use: the user's ``--runner`` if given (``runner_class_name``), else the
-    right local runner."""
+    """The runner to use: the user's ``--runner`` if given (``runner_class_name``; an empty
+    one is ``ConfigError``), else the right local runner."""
     chosen = options.view_as(StandardOptions).runner
+    if chosen is not None and not chosen.strip():  # --runner "$RUNNER" with it unset
+        raise ConfigError("--runner: an empty name names no runner; leave it out for the "
+                          "local runner")
     if chosen:
         return runner_class_name(chosen)
     return "BundleBasedDirectRunner" if config.streaming else "FnApiRunner"

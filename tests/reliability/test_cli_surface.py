@@ -194,13 +194,16 @@ def test_a_dash_names_standard_output_for_query_and_report(
     ("nosuch.module.Runner", "cannot import nosuch.module: No module named 'nosuch'"),
     ("apache_beam.runners.NoSuchRunner", "apache_beam.runners has no NoSuchRunner"),
     ("apache_beam.pvalue.PCollection", "not a Beam runner class (a subclass of "
-     "apache_beam.runners.runner.PipelineRunner)")])
+     "apache_beam.runners.runner.PipelineRunner)"),
+    ("", "an empty name names no runner; leave it out for the local runner"),  # it ran locally
+    (" ", "an empty name names no runner; leave it out for the local runner")])
 def test_a_runner_module_path_that_names_no_runner_is_one_line(
         tmp_path: Path, runner: str, reason: str, capsys: pytest.CaptureFixture[str]) -> None:
     """Beam imported it while the job was built: ``ModuleNotFoundError``, ``AttributeError``
     or ``TypeError`` tracebacks, exit 1."""
     assert main([*RUN, "--output", str(tmp_path / "o"), f"--runner={runner}"]) == 2
-    assert _one_line(capsys) == f"fanin: error: --runner {runner}: {reason}"
+    assert _one_line(capsys) == f"fanin: error: --runner{runner.strip() and ' '}" \
+        f"{runner.strip()}: {reason}"
     assert list(tmp_path.iterdir()) == []
 
 
