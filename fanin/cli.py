@@ -334,12 +334,32 @@ def _parser(command: str | None) -> _Parser:
     return parser
 
 
+def _claim_closed_descriptors() -> None:
+    """A process started with standard input, output or error closed (``2>&-``) gets
+    ``/dev/null`` there: else the next file it opens takes that number (the output folder's
+    lock took 2, and what was said on standard error went into it), and a closed standard
+    error (Python holds None) made the first log line fail with a traceback no one saw, exit
+    1. ``sys.stdout`` stays None where it was (the subcommands refuse to print a result
+    there, in one line); ``sys.stderr`` writes to ``/dev/null``."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            opened = os.open(os.devnull, os.O_RDWR)  # the lowest free number: this one
+            if opened != fd:
+                os.dup2(opened, fd)
+                os.close(opened)
+    if sys.stderr is None:
+        sys.stderr = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 (for the process)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """The ``fanin`` command; its exit status. Ctrl-C anywhere (also while it starts, before
     a subcommand handles it) is one line, exit 130. A message that the locale's encoding
     cannot spell (``PYTHONIOENCODING=ascii`` and a file name in another script) is written
     with backslash escapes, never a traceback; data written to standard output (``fanin
     query``'s result, ``fanin simulate --out -``) is UTF-8 or ASCII and is never escaped."""
+    _claim_closed_descriptors()
     if isinstance(sys.stdout, io.TextIOWrapper):
         sys.stdout.reconfigure(errors="backslashreplace")
     try:

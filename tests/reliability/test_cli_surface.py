@@ -235,3 +235,16 @@ def test_a_join_default_out_of_range_is_named_as_the_option(
     """The line named the contracts file's field (``deadline_s``), not the option given."""
     assert main([*RUN, "--output", str(tmp_path / "o"), option, value]) == 2
     assert _one_line(capsys) == f"fanin: error: {option} {rule}"
+
+
+@pytest.mark.parametrize("closed", ["2>&-", "0<&- 2>&-"])
+def test_a_run_with_standard_error_closed_runs(tmp_path: Path, closed: str) -> None:
+    """Python holds None for it: the first log line failed (a traceback no one saw, exit 1,
+    nothing written), and the output folder's lock took descriptor 2."""
+    out = tmp_path / "out"
+    done = subprocess.run(["sh", "-c", f'exec "$@" {closed}', "sh", *FANIN, *RUN, "--output",
+                           str(out)], capture_output=True, text=True, timeout=120,
+                          env=same_code_env(), check=False)
+    assert (done.returncode, done.stdout) == (0, "")
+    assert sorted(os.listdir(out)) == ["closes", "dead_letter", "late"]  # no mark left
+    assert len(read_jsonl(out)["closes"]) == 40
