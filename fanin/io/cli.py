@@ -107,7 +107,8 @@ def run_publish(args: argparse.Namespace) -> int:  # noqa: C901 (one exit per pu
         return _bad_use("standard input is closed: give FILE")
     if args.file != "-" and not os.path.isfile(args.file):
         what = "no such file" if not os.path.exists(args.file) else \
-            "a folder, not a file" if os.path.isdir(args.file) else "not a regular file"
+            "a folder, not a file" if os.path.isdir(args.file) else \
+            "not a regular file (a pipe or a device: give - and send it to standard input)"
         return _bad_use(f"{what}: {args.file}")
     every = args.progress_every
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -219,6 +220,12 @@ def test_bad_use_is_one_line_before_anything_is_sent(
     assert fanin_main(["publish", *topic, str(tmp_path)]) == 2
     assert capsys.readouterr().err.splitlines() == \
         [f"fanin publish: error: a folder, not a file: {tmp_path}"]
+    fifo = tmp_path / "fifo"  # what <(...) gives: it was refused with no way out named
+    os.mkfifo(fifo)
+    assert fanin_main(["publish", *topic, str(fifo)]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "fanin publish: error: not a regular file (a pipe or a device: give - and send it to "
+        f"standard input): {fifo}"]
     with pytest.raises(SystemExit) as refused:
         fanin_main(["publish", *topic, "--progress-every", "-1", str(data)])
     assert refused.value.code == 2
