@@ -202,10 +202,10 @@ def _run(args: argparse.Namespace, beam_args: Sequence[str]) -> int:
                         reported.quiet_failed_job()
                     return failure[1]
         except KeyboardInterrupt:
-            return _interrupted(args.output)
+            return _interrupted(args.output, beam_args)
         except Exception as exc:
             if _is_interrupt(exc):
-                return _interrupted(args.output)
+                return _interrupted(args.output, beam_args)
             raise
     except (ConfigError, ContractsError, FileNotFoundError, ValueError,
             NotImplementedError) as exc:
@@ -222,10 +222,20 @@ def _is_interrupt(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and str(exc).startswith("KeyboardInterrupt")
 
 
-def _interrupted(output: str) -> int:
+def _interrupted(output: str, beam_args: Sequence[str]) -> int:
+    """The line of a run stopped by Ctrl-C, and its exit status: a local folder says what it
+    holds; a Dataflow job runs on (Ctrl-C stops the waiting, not the job); another runner's
+    job was cancelled, having written what it had to ``output``."""
     from fanin.io.output_lock import UNFINISHED, folder_state
+    from fanin.pipelines.runner_choice import runner_in
 
-    if "://" not in output and folder_state(output) == UNFINISHED:
+    if "://" in output and (runner_in(beam_args) or "").endswith("DataflowRunner"):
+        print("fanin: interrupted: the Dataflow job runs on (stop it with gcloud dataflow jobs "
+              "cancel or drain)", file=sys.stderr)
+    elif "://" in output:
+        print(f"fanin: interrupted: {visible(output)} may hold partial outputs",
+              file=sys.stderr)
+    elif folder_state(output) == UNFINISHED:
         print(f"fanin: interrupted: {visible(output)} holds partial outputs (run again with "
               "--overwrite)", file=sys.stderr)
     else:

@@ -205,7 +205,8 @@ def build(p: beam.Pipeline, config: RunConfig, catalog: Catalog,
 def configure_options(config: RunConfig, beam_args: Sequence[str]) -> PipelineOptions:
     """Beam's options for ``config``: the runner made explicit, streaming set when needed, and
     for Dataflow the checks of ``check_dataflow`` (``ConfigError``, one line); a stream on
-    FnApiRunner, which runs bounded pipelines only, is refused the same way."""
+    FnApiRunner, which runs bounded pipelines only, is refused the same way, and so is Beam's
+    ``--streaming`` on files (the job would be submitted as streaming with a bounded graph)."""
     options = PipelineOptions(list(beam_args))
     standard = options.view_as(StandardOptions)
     standard.runner = choose_runner(config, options)
@@ -218,6 +219,9 @@ def configure_options(config: RunConfig, beam_args: Sequence[str]) -> PipelineOp
                               "PrismRunner or FlinkRunner")
     if standard.runner.endswith("DataflowRunner"):
         check_dataflow(config, options)
+    if standard.streaming and not config.streaming:  # the graph built would be bounded
+        raise ConfigError("--streaming: files are read as bounded input; a stream reads "
+                          "Pub/Sub (--subscription, --topic) or replays a file (--replay)")
     parallelism = options.get_all_options().get("parallelism")
     if isinstance(parallelism, int) and (parallelism == 0 or parallelism < -1):
         raise ConfigError(f"--parallelism must be 1 or more (-1: the runner's default), not "
@@ -253,6 +257,38 @@ def beam_pipeline(options: PipelineOptions,
         shutil.rmtree(p.local_tempdir, ignore_errors=True)
 
 
+def _check_before_run(config: RunConfig, options: PipelineOptions, runner: str) -> None:
+    """What a real run checks beyond ``configure_options`` (and the dry run), each refusal one
+    ``ConfigError`` line before anything is built: BigQuery's options and credentials, the
+    local runner's workers, a local stream's ``--id-label`` and Pub/Sub resources, the local
+    output folder."""
+    check_bigquery_options(config, options)
+    if config.bigquery_dataset:
+        from fanin.io.bigquery import check_credentials
+
+        check_credentials()
+    check_local_workers(options, runner, config.streaming)
+    if config.streaming and not runner.endswith("DataflowRunner"):
+        if config.id_label:  # offline, so before asking Pub/Sub
+            raise ConfigError(f"--id-label needs the Dataflow runner; {runner} does not "
+                              "deduplicate by it (the join's reducer counts redeliveries as "
+                              "duplicates)")
+        _check_pubsub_resources(config)
+    if "://" not in config.output:
+        check_output_early(config)  # before the build logs (a replay's plan, file names)
+
+
+def _check_dataflow_input(config: RunConfig, runner: str) -> None:
+    """A Dataflow job's files are read by its workers, which see no file of this machine: a
+    local ``--input`` is ``ConfigError`` (the dry run reads a local copy while it builds the
+    graph, and takes one)."""
+    if runner.endswith("DataflowRunner") and not config.reads_pubsub:
+        local = [path for path in config.inputs if "://" not in path]
+        if local:
+            raise ConfigError(f"--input {local[0]}: a Dataflow job's workers read its input: "
+                              "give a gs:// path (--dry-run takes a local copy)")
+
+
 def run_pipeline(config: RunConfig, beam_args: Sequence[str],
                  runner_instance: beam.runners.runner.PipelineRunner | None = None
                  ) -> beam.runners.runner.PipelineResult:
@@ -270,21 +306,9 @@ def run_pipeline(config: RunConfig, beam_args: Sequence[str],
     catalog = catalog_for(config)
     options = configure_options(config, beam_args)
     runner = options.view_as(StandardOptions).runner
-    check_bigquery_options(config, options)
-    if config.bigquery_dataset:
-        from fanin.io.bigquery import check_credentials
-
-        check_credentials()
-    check_local_workers(options, runner, config.streaming)
-    if config.streaming and not runner.endswith("DataflowRunner"):
-        if config.id_label:  # offline, so before asking Pub/Sub
-            raise ConfigError(f"--id-label needs the Dataflow runner; {runner} does not "
-                              "deduplicate by it (the join's reducer counts redeliveries as "
-                              "duplicates)")
-        _check_pubsub_resources(config)
-    if "://" not in config.output:
-        check_output_early(config)  # before the build logs (a replay's plan, file names)
-    with beam_pipeline(options, runner_instance) as p:
+    _check_before_run(config, options, runner)
+    with beam_pipeline(options, runner_instance) as p:  # Beam validates its options here
+        _check_dataflow_input(config, runner)
         drain = Drain() if config.reads_pubsub else None
         build(p, config, catalog, drain)  # a missing input is reported here, before any write
         absent = absent_folders(config.output) if "://" not in config.output else ()
@@ -313,7 +337,9 @@ def run_pipeline(config: RunConfig, beam_args: Sequence[str],
                 result.wait_until_finish()
         except BaseException as exc:
             acknowledged = drain.acknowledged if drain is not None else 0
-            _stopped(exc, result, lock, before, config.output, absent, acknowledged)
+            # Ctrl-C leaves a Dataflow job running (docs/runners.md); a local one is cancelled
+            _stopped(exc, None if runner.endswith("DataflowRunner") else result, lock, before,
+                     config.output, absent, acknowledged)
             if acknowledged and lock is not None:
                 _LOG.error("fanin: %d message(s) of %s were acknowledged before the run "
                            "stopped: those not in %s are lost (Pub/Sub does not deliver "

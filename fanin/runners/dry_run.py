@@ -25,11 +25,13 @@ Guarantees:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
 import sys
-from collections.abc import Sequence
+import tempfile
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -324,8 +326,29 @@ def dry_run(config: RunConfig, beam_args: Sequence[str], out_path: str) -> DryRu
 
     Raises ``ConfigError``/``ContractsError``/``DryRunError`` (all ``ValueError``) for settings
     that are invalid or cannot be checked offline; findings about the graph are in the
-    report's ``problems``.
+    report's ``problems``. What Beam's stager makes while it describes a Dataflow job (a
+    folder with the job's sdist and pickled session, its requirements cache) goes to a
+    temporary folder of the dry run's own, deleted at its end: it was left in the system's
+    temporary folder on every run.
     """
+    with tempfile.TemporaryDirectory(prefix="fanin-dry-run-") as scratch, \
+            _temporary_files_in(scratch):
+        return _dry_run(config, beam_args, out_path)
+
+
+@contextlib.contextmanager
+def _temporary_files_in(folder: str) -> Iterator[None]:
+    """Python's temporary files and folders (``tempfile``, which Beam's stager uses) are made
+    in ``folder`` while inside."""
+    before, tempfile.tempdir = tempfile.tempdir, folder
+    try:
+        yield
+    finally:
+        tempfile.tempdir = before
+
+
+def _dry_run(config: RunConfig, beam_args: Sequence[str], out_path: str) -> DryRunReport:
+    """``dry_run``'s work, its temporary files confined."""
     config.validate()
     if not config.reads_pubsub:
         for path in config.inputs:

@@ -4,7 +4,9 @@ Fanin for the workers, ``--replay``."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -281,3 +283,78 @@ def test_beams_other_names_of_dataflow_get_the_same_checks(
                      str(tmp_path / "g.json")]) == 0
     assert json.loads((tmp_path / "g.json").read_text())["dataflow_job"]["type"] == \
         "JOB_TYPE_BATCH"
+
+
+class _RunningJob:
+    """What ``Pipeline.run`` gives for a Dataflow job (none can run here): waiting for it is
+    interrupted by Ctrl-C; ``cancel`` is recorded (a real one cancels the job by the API)."""
+
+    def __init__(self) -> None:
+        self.cancelled = False
+
+    def wait_until_finish(self) -> None:
+        raise KeyboardInterrupt
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+def test_ctrl_c_while_waiting_leaves_a_bounded_dataflow_job_running(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/runners.md: "Ctrl-C then leaves that job running". It cancelled the job (by the
+    Dataflow API) and said "interrupted before it wrote anything"."""
+    import fanin.pipelines.pipeline as pipeline
+
+    job = _RunningJob()
+    monkeypatch.setattr(beam.Pipeline, "run", lambda self, *args, **kwargs: job)
+    monkeypatch.setattr(pipeline, "expand_inputs", list)  # gs:// needs Cloud Storage
+    assert cli.main(["run", "--input", "gs://fanin-dry-run-bucket/in/*.jsonl", "--output",
+                     "gs://fanin-dry-run-bucket/o", *dataflow_args(False)]) == 130
+    assert not job.cancelled
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "fanin: interrupted: the Dataflow job runs on (stop it with gcloud dataflow jobs "
+        "cancel or drain)")
+
+
+def test_a_local_input_is_refused_for_a_dataflow_job_but_not_its_dry_run(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The job was submitted: its workers, which cannot see this machine's files, were to
+    read it. The dry run reads a local copy while it builds the graph."""
+    local = str(EXAMPLES / "triage.jsonl")
+    argv = ["run", "--input", local, "--output", "gs://fanin-dry-run-bucket/o",
+            *dataflow_args(False)]
+    assert cli.main(argv) == 2
+    assert capsys.readouterr().err == (
+        f"fanin: error: --input {local}: a Dataflow job's workers read its input: give a "
+        "gs:// path (--dry-run takes a local copy)\n")
+    assert cli.main([*argv, "--dry-run", str(tmp_path / "g.json")]) == 0
+
+
+@pytest.mark.parametrize("dataflow", [True, False])
+def test_beams_streaming_flag_on_files_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], dataflow: bool) -> None:
+    """Dataflow took it as a streaming job with a bounded graph (its streaming checks, --update
+    included, passed); the local runner was handed the bounded graph in streaming mode."""
+    where = (["--output", "gs://fanin-dry-run-bucket/o", *dataflow_args(False)] if dataflow
+             else ["--output", str(tmp_path / "o")])
+    assert cli.main(["run", "--input", str(EXAMPLES / "triage.jsonl"), *where, "--streaming",
+                     "--dry-run", str(tmp_path / "g.json")]) == 2
+    assert capsys.readouterr().err == (
+        "fanin: error: --streaming: files are read as bounded input; a stream reads Pub/Sub "
+        "(--subscription, --topic) or replays a file (--replay)\n")
+    assert not (tmp_path / "g.json").exists()
+
+
+def test_a_dataflow_dry_run_leaves_no_temporary_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Beam's stager left a folder (the pickled session, the job's dependencies list; with a
+    setup file the sdist) in the system's temporary folder on every dry run."""
+    system_tmp = tmp_path / "system-tmp"
+    system_tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(system_tmp))
+    assert cli.main(["run", "--input", str(EXAMPLES / "triage.jsonl"), "--output",
+                     "gs://fanin-dry-run-bucket/o", *dataflow_args(False), "--dry-run",
+                     str(tmp_path / "g.json")]) == 0
+    assert json.loads((tmp_path / "g.json").read_text())["dataflow_job"]["type"] == \
+        "JOB_TYPE_BATCH"
+    assert os.listdir(system_tmp) == []

@@ -157,11 +157,11 @@ def test_maybe_dry_run_without_the_option_does_nothing(tmp_path: Path) -> None:
       "--temp_location=gs://fanin-dry-run-bucket/t"], {}, "--region"),
     (["--runner=DataflowRunner", "--project=fanin-dry-run", "--region=us-central1",
       "--temp_location=gs://b/t"], {}, "bucket"),
-    ([*dataflow("fanin-dry-run", "us-central1", "gs://fanin-dry-run-bucket/t"),
+    ([*dataflow("fanin-dry-run", "us-central1", "gs://fanin-dry-run-bucket/t", streaming=False),
       "--requirements_file=requirements.txt"], {}, "pip download"),
     ([], {"inputs": ["gs://fanin-dry-run-bucket/in/*.jsonl"]}, "local copy"),
     # Beam's stager fetched it: credential retries and tracebacks for minutes
-    ([*dataflow("fanin-dry-run", "us-central1", "gs://fanin-dry-run-bucket/t"),
+    ([*dataflow("fanin-dry-run", "us-central1", "gs://fanin-dry-run-bucket/t", streaming=False),
       "--extra_package=gs://fanin-dry-run-bucket/pkgs/fanin-0.1.0-py3-none-any.whl"], {},
      "--extra_package gs://fanin-dry-run-bucket/pkgs/fanin-0.1.0-py3-none-any.whl: Beam's "
      "stager fetches it while staging"),
