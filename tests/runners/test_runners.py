@@ -228,6 +228,21 @@ def test_dockerfile_pins_the_project_beam_version() -> None:
     assert "/opt/google/dataflow/python_template_launcher" in dockerfile
 
 
+def test_the_build_context_leaves_out_the_environment_and_keeps_what_the_image_copies() -> None:
+    """``docker build -f deploy/flex/Dockerfile .`` sent .venv (~1 GB) and .git to the engine."""
+    ignored = [line.strip().rstrip("/") for line in
+               (ROOT / ".dockerignore").read_text(encoding="utf-8").splitlines()
+               if line.strip() and not line.startswith("#")]
+    assert {".git", ".venv"} <= set(ignored)
+    dockerfile = (FLEX / "Dockerfile").read_text(encoding="utf-8")
+    copied = [part for line in re.findall(r"^COPY (?!--from)(.+)$", dockerfile, re.MULTILINE)
+              for part in line.split()[:-1]]
+    assert "fanin" in copied and "deploy/flex" in copied
+    for path in copied:
+        assert (ROOT / path).exists() and not any(
+            path == pattern or path.startswith(f"{pattern}/") for pattern in ignored), path
+
+
 def _accepted(path: str, collection: str) -> bool:
     try:
         validate_pubsub_path(path, collection)
