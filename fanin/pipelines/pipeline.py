@@ -293,9 +293,10 @@ def run_pipeline(config: RunConfig, beam_args: Sequence[str],
                  runner_instance: beam.runners.runner.PipelineRunner | None = None
                  ) -> beam.runners.runner.PipelineResult:
     """Validate, build and run the job; waits for it to finish, except a streaming job on
-    Dataflow, which is left running once submitted. ``runner_instance``, when given, runs the
-    job in place of a new instance of the ``--runner`` named in ``beam_args`` (which must name
-    its class).
+    Dataflow, which is left running once submitted (and a bounded one is left running when
+    Ctrl-C stops the waiting; a job on another runner is cancelled then). ``runner_instance``,
+    when given, runs the job in place of a new instance of the ``--runner`` named in
+    ``beam_args`` (which must name its class).
 
     Stopping a Pub/Sub run on the local runner: the first SIGINT (Ctrl-C), SIGTERM or SIGHUP
     drains it (reading stops, every open join closes as at its deadline, all outputs are
