@@ -34,7 +34,16 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["atomic_move", "atomic_write"]
+__all__ = ["atomic_move", "atomic_write", "nearest_existing"]
+
+
+def nearest_existing(path: str) -> str:
+    """``path`` made absolute, or its nearest ancestor that exists (a link to nothing exists:
+    it is a name), the root at worst: where a file or folder to be made there would go."""
+    ancestor = os.path.abspath(path)
+    while not os.path.lexists(ancestor):
+        ancestor = os.path.dirname(ancestor)
+    return ancestor
 
 
 def atomic_write(path: str | os.PathLike[str], write: Callable[[BinaryIO], object]) -> None:

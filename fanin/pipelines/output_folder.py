@@ -38,9 +38,8 @@ def _prepare_output(output: str, overwrite: bool, kept: Sequence[tuple[str, str]
     called once, before the first deletion."""
     folders = _output_folders(output)
     for folder in folders:
-        real = os.path.realpath(folder)
         for option, path in kept:
-            if "://" not in path and os.path.commonpath([real, os.path.realpath(path)]) == real:
+            if "://" not in path and _within(os.path.realpath(path), folder):
                 raise ConfigError(f"{option} {path} is in {folder}, which this run replaces "
                                   "with its outputs; move it out first")
     replaced = _checked_folders(output, folders, overwrite, continues)
@@ -54,6 +53,12 @@ def _prepare_output(output: str, overwrite: bool, kept: Sequence[tuple[str, str]
                               ) from None
         if not _writable(folder):  # created, but not for us to write in (umask)
             raise ConfigError(f"--output: cannot write in {folder}: {_not_writable(folder)}")
+
+
+def _within(real: str, folder: str) -> bool:
+    """The real path ``real`` is ``folder`` or inside it (links resolved)."""
+    found = os.path.realpath(folder)
+    return os.path.commonpath([found, real]) == found
 
 
 def _empty(folders: Sequence[str], on_replace: Callable[[], None] | None) -> None:
@@ -186,7 +191,7 @@ def _holds_something(output: str, folder: str) -> str:
     or only other files (named: ``--overwrite`` would delete them too)."""
     kind = os.path.basename(folder)
     names = sorted(os.listdir(folder))
-    if any(name.startswith((f"{kind}-", "close_date=", ".")) for name in names):  # ., a run's
+    if any(_a_runs(kind, name) or name.startswith(".") for name in names):  # .: a run's
         return f"{output} already holds outputs; pass --overwrite to replace them"  # temporary
     return (f"{folder} holds files that are not outputs of fanin run ({names[0]}"
             f"{f' and {len(names) - 1} more' if len(names) > 1 else ''}), which --overwrite "
@@ -221,7 +226,7 @@ def enclosing_output(path: str, output: str | None = None) -> str | None:
     real = os.path.realpath(path)
     if output is not None and "://" not in output:
         for folder in _output_folders(output):
-            if os.path.commonpath([os.path.realpath(folder), real]) == os.path.realpath(folder):
+            if _within(real, folder):
                 return folder
     ancestor = real
     while os.path.dirname(ancestor) != ancestor:
@@ -242,9 +247,15 @@ def _holds_outputs(folder: str) -> bool:
             names = os.listdir(os.path.join(folder, kind))
         except OSError:  # absent, or not a folder
             continue
-        if any(name.startswith((f"{kind}-", "close_date=")) for name in names):
+        if any(_a_runs(kind, name) for name in names):
             return True
     return False
+
+
+def _a_runs(kind: str, name: str) -> bool:
+    """``name``, in output folder ``kind``, is one ``fanin run`` gives its files there
+    (``<kind>-...``; a closes Parquet file's ``close_date=...`` folder)."""
+    return name.startswith((f"{kind}-", "close_date="))
 
 
 def _output_folders(output: str) -> list[str]:

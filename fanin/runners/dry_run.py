@@ -54,7 +54,7 @@ from apache_beam.runners import pipeline_context
 from apache_beam.transforms import userstate
 from google.protobuf import json_format
 
-from fanin.io.files import atomic_write
+from fanin.io.files import atomic_write, nearest_existing
 from fanin.pipelines.dataflow_checks import staged_files
 from fanin.pipelines.output_folder import enclosing_output
 from fanin.pipelines.pipeline import (
@@ -283,9 +283,7 @@ def _check_out_path(path: str, output: str | None) -> None:
         raise DryRunError(f"--dry-run {path}: give a local file")
     if os.path.isdir(path):
         raise DryRunError(f"--dry-run {path}: is a folder; give a file")
-    parent = os.path.dirname(os.path.abspath(path))
-    while not os.path.lexists(parent):  # the nearest existing ancestor must be a folder
-        parent = os.path.dirname(parent)
+    parent = nearest_existing(os.path.dirname(os.path.abspath(path)))  # must be a folder
     if not os.path.isdir(parent):
         raise DryRunError(f"--dry-run {path}: {parent} is a file, not a folder")
     enclosing = enclosing_output(path, output)

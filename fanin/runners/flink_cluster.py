@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fanin.io.cli import positive_seconds
+from fanin.io.files import nearest_existing
 
 __all__ = ["Cluster", "add_subcommand", "start", "stop"]
 
@@ -290,12 +291,7 @@ def _command(args: argparse.Namespace) -> int:
 
 def _can_be_folder(path: str) -> bool:
     """``path`` is a folder, or can be made one (its nearest existing ancestor is a folder)."""
-    if not path:
-        return False
-    ancestor = os.path.abspath(path)
-    while not os.path.lexists(ancestor):
-        ancestor = os.path.dirname(ancestor)
-    return os.path.isdir(ancestor)
+    return bool(path) and os.path.isdir(nearest_existing(path))
 
 
 def _int_in(low: int, high: int) -> Any:
