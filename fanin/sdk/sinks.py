@@ -318,10 +318,11 @@ class JsonlFileSink(Sink):
     def _deleted(self, fd: int) -> bool:
         """The file has no name left (deleted while open; a file replaced at ``path`` is
         another file)."""
-        if os.fstat(fd).st_nlink:
+        opened = os.fstat(fd)
+        if opened.st_nlink:
             return False
         try:  # a file system that counts no links: the file is still at its path
-            return not os.path.samestat(os.fstat(fd), os.stat(self.path))
+            return not os.path.samestat(opened, os.stat(self.path))
         except OSError:
             return True
 
