@@ -117,6 +117,10 @@ def _add_run(subparsers: argparse._SubParsersAction[_Parser]) -> None:
     limits.add_argument("--shards", type=int, default=1,
                         help="files per output (bounded, replay), per write (Pub/Sub); "
                         "1 to 1000")
+    run.add_argument("--close-processes", type=int, default=None, metavar="N",
+                     help="bounded runs on the local runner: processes that decide joins, "
+                     "this one and N-1 helpers forked from it (default: the cores this "
+                     "process may use, at most 4; 1: none, 1 to 64)")
     run.add_argument("--log-closes", action=argparse.BooleanOptionalAction, default=False,
                      help="log one structured event per close (fanin.close logger; also "
                      "on Dataflow workers, one Cloud Logging entry per close)")
@@ -159,6 +163,7 @@ def _run(args: argparse.Namespace, beam_args: Sequence[str]) -> int:
             max_bytes=args.max_bytes,
             max_messages_per_join=args.max_messages_per_join,
             max_bytes_per_join=args.max_bytes_per_join, log_closes=args.log_closes,
+            close_processes=args.close_processes,
             window_s=RunConfig.window_s if args.window_s is None else args.window_s,
             shards=args.shards, subscription=args.subscription, topic=args.topic,
             overwrite=args.overwrite, id_label=args.id_label,

@@ -18,10 +18,12 @@ from fanin.core.outcomes import CLOSES, DEAD_LETTER, LATE
 from fanin.transforms.join import DEFAULT_MAX_BYTES_PER_JOIN
 from fanin.transforms.write import FORMATS
 
-__all__ = ["MAX_BYTES_LIMIT", "MAX_SHARDS", "MAX_WINDOW_S", "ConfigError", "RunConfig"]
+__all__ = ["MAX_BYTES_LIMIT", "MAX_CLOSE_PROCESSES", "MAX_SHARDS", "MAX_WINDOW_S", "ConfigError",
+           "RunConfig"]
 
 MAX_WINDOW_S = 86_400  # --window-s: outputs are written at least once a day
 MAX_SHARDS = 1_000  # --shards: file names give a shard three digits (s000-s999)
+MAX_CLOSE_PROCESSES = 64  # --close-processes: each a forked copy of the running process
 # --max-bytes, --max-bytes-per-join: above any memory, below what a read's limit (the size
 # and a few bytes) can index (an OverflowError blamed the input file)
 MAX_BYTES_LIMIT = 2**62
@@ -55,6 +57,8 @@ class RunConfig:
     # optional Pub/Sub topics the outputs are also published to (kind -> topic)
     topics: dict[str, str] = field(default_factory=dict)
     log_closes: bool = False  # one fanin.close log line per close, also on workers
+    # processes deciding a bounded local run's joins (None: by the cores; runner_choice)
+    close_processes: int | None = None
 
     def validate(self) -> None:
         if not self.output:
@@ -104,6 +108,9 @@ class RunConfig:
             raise ConfigError(f"--window-s must be > 0 and at most {MAX_WINDOW_S} (a day)")
         if not 1 <= self.shards <= MAX_SHARDS:
             raise ConfigError(f"--shards must be from 1 to {MAX_SHARDS}")
+        if self.close_processes is not None and \
+                not 1 <= self.close_processes <= MAX_CLOSE_PROCESSES:
+            raise ConfigError(f"--close-processes must be from 1 to {MAX_CLOSE_PROCESSES}")
 
     def _validate_pubsub_paths(self) -> None:
         """Every Pub/Sub path is one the service accepts (the reason in one line if not)."""

@@ -45,6 +45,7 @@ from fanin.pipelines.runner_choice import (
     check_local_workers,
     check_runner_class,
     choose_runner,
+    close_processes,
     early_firing,
 )
 from fanin.transforms.join import JoinRecords
@@ -174,7 +175,10 @@ def build(p: beam.Pipeline, config: RunConfig, catalog: Catalog,
                                                     config.max_bytes_per_join,
                                                     log_closes=config.log_closes,
                                                     max_message_bytes=config.max_bytes,
-                                                    input_end_ms=input_end_ms)
+                                                    input_end_ms=input_end_ms,
+                                                    close_processes=close_processes(
+                                                        p.options, config,
+                                                        type(p.runner).__name__))
     dead_letters = (joined[DEAD_LETTER], parsed[DEAD_LETTER])
     if config.streaming or config.bigquery_dataset:  # sinks that take one PCollection
         dead_letters = dead_letters | "MergeDeadLetters" >> beam.Flatten()
@@ -267,7 +271,7 @@ def _check_before_run(config: RunConfig, options: PipelineOptions, runner: str) 
         from fanin.io.bigquery import check_credentials
 
         check_credentials()
-    check_local_workers(options, runner, config.streaming)
+    check_local_workers(options, config, runner)
     if config.streaming and not runner.endswith("DataflowRunner"):
         if config.id_label:  # offline, so before asking Pub/Sub
             raise ConfigError(f"--id-label needs the Dataflow runner; {runner} does not "

@@ -12,15 +12,19 @@ Guarantees:
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from collections.abc import Sequence
 
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
 from apache_beam.runners.runner import PipelineRunner
 
 from fanin.pipelines.config import ConfigError, RunConfig
+from fanin.transforms.forked_helpers import FORKS
 from fanin.transforms.write import AT_END, BY_COUNT_OR_TIME, BY_TIME
 
-__all__ = ["check_local_workers", "check_runner_class", "choose_runner", "early_firing",
+__all__ = ["AUTO_CLOSE_PROCESSES", "check_local_workers", "check_runner_class", "choose_runner",
+           "close_processes", "early_firing",
            "runner_class_name", "runner_in"]
 
 
@@ -85,18 +89,56 @@ _IN_PROCESS_RUNNERS = ("DirectRunner", "BundleBasedDirectRunner", "SwitchingDire
                        "FnApiRunner")
 
 
-def check_local_workers(options: PipelineOptions, runner: str, streaming: bool) -> None:
+def check_local_workers(options: PipelineOptions, config: RunConfig, runner: str) -> None:
     """``--direct_num_workers`` is 1 or more, or 0 (a worker per core), and is not given to a
-    stream on Beam's in-process runners, which run it on one worker whatever it says
-    (``ConfigError``)."""
+    stream on Beam's in-process runners, which run it on one worker whatever it says;
+    ``--close-processes`` is given only where it applies (``close_processes``), else
+    ``ConfigError``."""
     workers = options.view_as(DirectOptions).direct_num_workers
     if (workers or 0) < 0:
         raise ConfigError("--direct_num_workers must be 1 or more (0: as many as the machine "
                           "has cores)")
-    if workers not in (None, 1) and streaming and runner in _IN_PROCESS_RUNNERS:
+    if workers not in (None, 1) and config.streaming and runner in _IN_PROCESS_RUNNERS:
         raise ConfigError(f"--direct_num_workers={workers} applies to bounded runs "
                           f"(FnApiRunner); a stream on {runner} runs one worker and would "
                           "ignore it")
+    if config.close_processes is not None and not _one_local_worker(options, config, runner):
+        raise ConfigError("--close-processes applies to a bounded run on the local runner "
+                          "(FnApiRunner) with one worker (no --direct_num_workers, no "
+                          "--direct_running_mode); other runners run the close step on all "
+                          "their workers' cores themselves")
+    if (config.close_processes or 1) > 1 and not FORKS:
+        raise ConfigError("--close-processes above 1 forks helpers, and this system has no "
+                          "fork")
+
+
+# --close-processes when not given: the cores this process may use, at most this many (the
+# close step's dispatch to helpers keeps about four busy; measured in docs/performance.md)
+AUTO_CLOSE_PROCESSES = 4
+
+
+def _one_local_worker(options: PipelineOptions, config: RunConfig, runner: str) -> bool:
+    direct = options.view_as(DirectOptions)
+    return (not config.streaming and runner == "FnApiRunner"
+            and direct.direct_num_workers in (None, 1)
+            and direct.direct_running_mode in (None, "in_memory"))
+
+
+def close_processes(options: PipelineOptions, config: RunConfig, runner: str) -> int:
+    """How many processes decide a bounded run's joins (the close step and its forked
+    helpers, ``fanin.transforms.join_bounded``): on Beam's in-process bounded runner with one
+    worker, ``--close-processes``, by default the cores this process may use up to
+    ``AUTO_CLOSE_PROCESSES``; 1 anywhere else (a stream, and runners that run workers of their
+    own, which use their cores themselves). Not given, it is 1 off Linux (macOS's system
+    libraries are not safe to use in a forked child)."""
+    if not _one_local_worker(options, config, runner):
+        return 1
+    if config.close_processes is not None:
+        return config.close_processes
+    if not (FORKS and sys.platform.startswith("linux")):  # macOS: fork is unsafe there
+        return 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(AUTO_CLOSE_PROCESSES, cores or 1))
 
 
 def early_firing(config: RunConfig, runner: str) -> str:

@@ -54,8 +54,8 @@ class JoinRecords(beam.PTransform[PCollection[Any], pvalue.DoOutputsTuple]):
 
     def __init__(self, catalog: Catalog, streaming: bool, max_messages_per_join: int = 100_000,
                  max_bytes_per_join: int = DEFAULT_MAX_BYTES_PER_JOIN, log_closes: bool = False,
-                 max_message_bytes: int = DEFAULT_MAX_BYTES, input_end_ms: int | None = None
-                 ) -> None:
+                 max_message_bytes: int = DEFAULT_MAX_BYTES, input_end_ms: int | None = None,
+                 close_processes: int = 1) -> None:
         super().__init__()
         if max_messages_per_join < 1 or max_bytes_per_join < 1 or max_message_bytes < 1:
             raise ValueError("max_messages_per_join, max_bytes_per_join and max_message_bytes "
@@ -67,6 +67,7 @@ class JoinRecords(beam.PTransform[PCollection[Any], pvalue.DoOutputsTuple]):
         self._max_message_bytes = max_message_bytes
         self._log_closes = log_closes
         self._input_end_ms = input_end_ms
+        self._close_processes = close_processes
 
     def expand(self, keyed: PCollection[Any]) -> pvalue.DoOutputsTuple:
         if self._streaming:
@@ -80,5 +81,6 @@ class JoinRecords(beam.PTransform[PCollection[Any], pvalue.DoOutputsTuple]):
             | "GroupByJoin" >> beam.GroupByKey()
             | "Close" >> beam.ParDo(CloseGroups(
                 self._catalog, self._max_messages, self._max_bytes, self._log_closes,
-                self._max_message_bytes)).with_outputs(LATE, DEAD_LETTER, main=CLOSES)
+                self._max_message_bytes, self._close_processes)
+            ).with_outputs(LATE, DEAD_LETTER, main=CLOSES)
         )

@@ -4,15 +4,20 @@ its closes, late lines and dead letters."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from itertools import islice
 from typing import Any
 
+import apache_beam as beam
+from apache_beam import pvalue
 from apache_beam.metrics.metric import Metrics
+from apache_beam.utils.windowed_value import WindowedValue
 
 from fanin.contracts import records as R
 from fanin.contracts.catalog import Catalog
 from fanin.contracts.parsing import DEFAULT_MAX_BYTES, dead_letter, parse_message
 from fanin.core.bounded import bounded_outputs
-from fanin.core.outcomes import DEAD_LETTER
+from fanin.core.outcomes import DEAD_LETTER, Output
+from fanin.transforms.forked_helpers import Helpers
 from fanin.transforms.join_outputs import (
     _INTERNAL,
     DEFAULT_MAX_BYTES_PER_JOIN,
@@ -42,6 +47,16 @@ class CloseGroups(_Counting):
     Poison-proof: an exception the core raises while deciding makes the records it had not
     put in an output yet ``internal_error`` dead letters (``bounded_outputs``' ``on_error``);
     outputs already emitted stand, so every record is in exactly one output.
+
+    Helpers (``processes`` > 1; ``fanin.pipelines.runner_choice.close_processes`` asks for
+    them on Beam's in-process runner only): ``processes - 1`` processes forked from this one
+    (``fanin.transforms.forked_helpers``) decide batches of ``_BATCH_JOINS`` joins while this
+    one decides the joins that come while every helper is busy. Each join is decided exactly
+    once, by the same code here or in a helper, so the outputs are the ones a single process
+    gives (in another order within the bundle: the files sort their lines); a batch whose
+    helper fails is decided here. A batch's outputs are emitted at its joins' timestamps and
+    windows, all of them by the end of the bundle. No helper is forked for a bundle of fewer
+    than ``_BATCH_JOINS`` joins.
     """
 
     class _Reparsed:
@@ -58,8 +73,12 @@ class CloseGroups(_Counting):
 
     def __init__(self, catalog: Catalog, max_messages: int,
                  max_bytes: int = DEFAULT_MAX_BYTES_PER_JOIN, log_closes: bool = False,
-                 max_message_bytes: int = DEFAULT_MAX_BYTES) -> None:
+                 max_message_bytes: int = DEFAULT_MAX_BYTES, processes: int = 1) -> None:
+        if processes < 1:
+            raise ValueError("processes must be >= 1")
         self._catalog = catalog
+        self._processes = processes
+        self._helpers: Helpers[list[tuple[str, list[bytes]]], Any] | None = None  # setup's
         self._contracts = frozenset(catalog.contracts)
         self._max_messages = max_messages
         self._max_bytes = max_bytes
@@ -100,27 +119,125 @@ class CloseGroups(_Counting):
             elif letter is not None:
                 yield None, (DEAD_LETTER, letter)
 
-    def process(self, element: tuple[str, Iterable[bytes]]) -> Iterator[Any]:
+    def process(self, element: tuple[str, Iterable[bytes]],
+                timestamp: Any = beam.DoFn.TimestampParam,
+                window: Any = beam.DoFn.WindowParam) -> Iterator[Any]:
         """The per-join limit (docs/spec.md §4): a join holds its first ``max_messages``
         records in arrival order (bounded input: event time, opens first, then the text), and
         no more than ``max_bytes`` of messages (the first record that does not fit ends it).
         A record beyond it is late if the join closed before its event time, starts the next
         join if an undefined join was decided before it, else it is ``join_too_large``. A
         record after a closed join's tombstone (``D + retention_s``) starts the next join, as
-        in a stream whose watermark passed the tombstone's end before it arrived."""
+        in a stream whose watermark passed the tombstone's end before it arrived.
+
+        With helpers, a join of at most ``_SENT_VALUES`` grouped values may go into the batch
+        the next idle helper decides; the others are decided here, as they come."""
         join_id, grouped = element
+        helpers = self._helpers
+        if helpers is not None:
+            yield from self._helped(helpers.finished())
+            if len(self._batch) >= self._BATCH_JOINS and helpers.idle():
+                self._send(helpers)
+            if len(self._batch) < self._BATCH_JOINS:
+                values = list(islice(grouped, self._SENT_VALUES + 1))
+                if len(values) <= self._SENT_VALUES:
+                    self._batch.append((join_id, values))
+                    self._where.append((timestamp, window))
+                    return
+        yield from self._emit(self._outputs(join_id, grouped))
+
+    def _outputs(self, join_id: str, grouped: Iterable[bytes]) -> Iterator[Output]:
+        """One join's outputs: its parse's dead letters as they come, then its decision's;
+        its records are counted (``messages.parsed``)."""
         records: list[R.Record] | None = []
         parsed = 0
         for record, letter in self._parse(join_id, grouped):
             if letter is not None:
-                yield from self._emit((letter,))
+                yield letter
             elif record is not None:
                 parsed += 1
                 if records is not None:
                     records.append(record)
                     if parsed > self._max_messages:
                         records = None  # a hot join: read again, never held whole
-        self._parsed.inc(parsed)
+        self._parsed_here += parsed
         group = self._Reparsed(self, join_id, grouped) if records is None else records
-        yield from self._emit(bounded_outputs(group, self._catalog, self._max_messages,
-                                              self._max_bytes, on_error=_internal_errors))
+        yield from bounded_outputs(group, self._catalog, self._max_messages, self._max_bytes,
+                                   on_error=_internal_errors)
+
+    # Helpers (``processes`` > 1): joins go to them in batches of _BATCH_JOINS (~20 ms of
+    # work each on the fleet headline's joins), a join with at most _SENT_VALUES grouped values
+    # (each one message or more)
+    _BATCH_JOINS, _SENT_VALUES = 128, 256
+
+    def setup(self) -> None:
+        self._helpers = Helpers(self._decided, self._processes - 1) \
+            if self._processes > 1 else None
+
+    def teardown(self) -> None:
+        if self._helpers is not None:
+            self._helpers.close()
+
+    def start_bundle(self) -> None:
+        super().start_bundle()
+        self._batch: list[tuple[str, list[bytes]]] = []
+        self._where: list[tuple[Any, Any]] = []  # each batched join's timestamp and window
+        self._parsed_here = 0
+        if self._helpers is not None and self._helpers.holding:  # a failed bundle's batches
+            self._helpers.close()
+
+    def finish_bundle(self) -> Iterator[Any]:
+        """The batches held are decided (the last one partly here) and emitted; then the
+        bundle's counts go to the counters."""
+        helpers = self._helpers
+        if helpers is not None:
+            yield from self._helped(helpers.finished())
+            batch, where = self._batch, self._where
+            self._batch, self._where = [], []
+            if len(batch) > 1 and helpers.forked and helpers.idle():
+                half = len(batch) // 2
+                helpers.submit(batch[:half], where[:half])
+                batch, where = batch[half:], where[half:]
+            yield from self._here(batch, where)
+            yield from self._helped(helpers.finished(wait=True))
+        self._parsed.inc(self._parsed_here)
+        super().finish_bundle()
+
+    def _send(self, helpers: Helpers[list[tuple[str, list[bytes]]], Any]) -> None:
+        helpers.submit(self._batch, self._where)
+        self._batch, self._where = [], []
+
+    def _decided(self, batch: list[tuple[str, list[bytes]]]) -> tuple[list[list[Output]], int]:
+        """What a helper does with a batch: each join's outputs, and the records parsed."""
+        self._parsed_here = 0
+        outputs = [list(self._outputs(join_id, grouped)) for join_id, grouped in batch]
+        return outputs, self._parsed_here
+
+    def _helped(self, done: list[tuple[Any, list[tuple[str, list[bytes]]], Any]]
+                ) -> Iterator[Any]:
+        """The outputs of batches the helpers answered (decided here if a helper failed),
+        each at its join's timestamp and window."""
+        for where, batch, result in done:
+            if result is None:
+                yield from self._here(batch, where)
+                continue
+            outputs, parsed = result
+            self._parsed_here += parsed
+            for (timestamp, window), joins in zip(where, outputs, strict=True):
+                for item in self._emit(joins):
+                    yield _placed(item, timestamp, window)
+
+    def _here(self, batch: list[tuple[str, list[bytes]]], where: list[tuple[Any, Any]]
+              ) -> Iterator[Any]:
+        """A batch decided here, each join's outputs at its timestamp and window."""
+        for (join_id, grouped), (timestamp, window) in zip(batch, where, strict=True):
+            for item in self._emit(self._outputs(join_id, grouped)):
+                yield _placed(item, timestamp, window)
+
+
+def _placed(item: Any, timestamp: Any, window: Any) -> Any:
+    """An output emitted outside its join's ``process`` call, at that join's timestamp and
+    window."""
+    if isinstance(item, pvalue.TaggedOutput):
+        return pvalue.TaggedOutput(item.tag, WindowedValue(item.value, timestamp, (window,)))
+    return WindowedValue(item, timestamp, (window,))

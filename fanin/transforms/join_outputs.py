@@ -82,10 +82,11 @@ class _Counting(beam.DoFn):
     def start_bundle(self) -> None:
         self._tally: dict[tuple[str, str], int] = {}
 
-    def finish_bundle(self) -> None:
+    def finish_bundle(self) -> Iterable[Any] | None:  # a subclass may emit (WindowedValues)
         for (tag, reason), count in self._tally.items():
             _counter(f"{tag}.{reason}").inc(count)
         self._tally = {}
+        return None
 
     def _emit(self, outputs: Iterable[tuple[str, dict[str, Any]]]) -> Iterator[Any]:
         global _closed_here

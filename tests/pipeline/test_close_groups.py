@@ -18,10 +18,12 @@ from fanin.transforms.parse import PackedMessages
 
 
 def _outputs(step: CloseGroups, join_id: str, grouped: list[bytes]) -> list[str]:
+    step.setup()
     step.start_bundle()
     found = [(out.tag, out.value) if isinstance(out, pvalue.TaggedOutput) else ("closes", out)
              for out in step.process((join_id, grouped))]
-    step.finish_bundle()
+    assert list(step.finish_bundle()) == []
+    step.teardown()
     return sorted(json.dumps(item, sort_keys=True) for item in found)
 
 

@@ -1,0 +1,197 @@
+"""Helper processes forked from this one, each applying one function to the batches it is
+sent: how the bounded close step uses more than one core on the local in-process runner
+(``fanin.transforms.join_bounded``). No Beam import.
+
+Lifecycle: ``Helpers(work, count)`` forks nothing; the first ``submit`` forks the helpers
+(a small input, decided before a batch fills, never forks). ``idle`` says whether a helper
+is free; ``submit`` sends it a batch; ``finished`` returns the batches done so far (``wait``:
+all of those sent); ``close`` ends the helpers.
+
+Guarantees:
+- Every batch submitted comes back from ``finished`` exactly once, with ``work(batch)`` as
+  the helper computed it, or with ``None`` when the helper failed (``work`` raised, or the
+  helper died or closed its end): the caller then does that batch itself, so each batch is
+  done exactly once, here or there. A helper that failed takes no batch again.
+- A helper runs nothing of its parent after the fork but ``work``: it leaves through
+  ``os._exit`` whatever happens, ignores SIGINT (Ctrl-C reaches the whole process group,
+  and the parent decides what it means), and exits once its parent closes its end (``close``,
+  or the parent's exit, whatever ends it).
+- Batches and results travel over a socket pair per helper, in ``marshal``'s format (both
+  ends are one interpreter; it takes plain data, ~2x faster than pickle for the close step's
+  dicts): a result ``marshal`` refuses fails its batch, which the caller then does itself. A
+  helper holds one batch at a time.
+- Memory: a helper shares its parent's pages until either writes them (fork's copy on
+  write); it freezes the objects it inherits (``gc.freeze``), so its collector never walks,
+  and so never copies, its parent's heap.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import marshal
+import os
+import select
+import signal
+import socket
+import struct
+import warnings
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar, cast
+
+__all__ = ["FORKS", "Helpers"]
+
+FORKS = hasattr(os, "fork")  # POSIX; Windows has no fork
+
+_B = TypeVar("_B")
+_T = TypeVar("_T")
+_SIZE = struct.Struct("<Q")
+_DONE, _FAILED = b"d", b"f"
+
+
+def _send(sock: socket.socket, payload: bytes) -> None:
+    sock.sendall(_SIZE.pack(len(payload)) + payload)
+
+
+def _receive(sock: socket.socket) -> bytes | None:
+    """One message, or None if the other end closed first."""
+    head = _exactly(sock, _SIZE.size)
+    return None if head is None else _exactly(sock, _SIZE.unpack(head)[0])
+
+
+def _exactly(sock: socket.socket, size: int) -> bytes | None:
+    buffer = bytearray(size)
+    view, got = memoryview(buffer), 0
+    while got < size:
+        n = sock.recv_into(view[got:])
+        if n == 0:
+            return None
+        got += n
+    return bytes(buffer)
+
+
+def _serve(sock: socket.socket, work: Callable[[_B], _T]) -> None:
+    """The helper's life: batches in, results out, until its parent closes its end."""
+    while True:
+        batch = _receive(sock)
+        if batch is None:
+            return
+        try:
+            reply = _DONE + marshal.dumps(cast(Any, work(marshal.loads(batch))))  # noqa: S302 (its parent's)
+        except Exception:  # the parent does the batch itself, where it raises visibly
+            _send(sock, _FAILED)
+            return
+        _send(sock, reply)
+
+
+class _Helper:
+    """One forked process and the parent's end of its socket."""
+
+    sock: socket.socket
+    pid: int
+
+    def __init__(self, work: Callable[[_B], _T], siblings: list[_Helper]) -> None:
+        parent, child = socket.socketpair()
+        with warnings.catch_warnings():
+            # Python 3.12 warns of a fork while threads run (a lock one of them holds stays
+            # held in the child); the helper runs ``work`` only, whose locks (logging's, the
+            # import lock) Python resets in a forked child
+            warnings.filterwarnings("ignore", "This process .* is multi-threaded",
+                                    DeprecationWarning)
+            pid = os.fork()
+        if pid == 0:  # the helper: never returns into its parent's code
+            code = 0
+            try:
+                gc.freeze()
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
+                for end in (parent, *(sibling.sock for sibling in siblings)):
+                    end.close()  # a helper sees its end close only once no copy is open
+                _serve(child, work)
+            except BaseException:  # e.g. its parent went away while it sent a result
+                code = 1
+            finally:
+                os._exit(code)
+        child.close()
+        self.sock, self.pid = parent, pid
+
+    def end(self) -> None:
+        """Close the parent's end (the helper then exits) and reap the helper."""
+        self.sock.close()
+        with contextlib.suppress(ChildProcessError):  # already reaped
+            os.waitpid(self.pid, 0)
+
+
+class Helpers(Generic[_B, _T]):
+    """Up to ``count`` helper processes applying ``work`` to batches (see the module
+    docstring)."""
+
+    def __init__(self, work: Callable[[_B], _T], count: int) -> None:
+        if count < 1:
+            raise ValueError("count must be >= 1")
+        self._work, self._count = work, count
+        self._free: list[_Helper] = []
+        self._held: dict[int, tuple[_Helper, Any, _B]] = {}  # by socket fd: a batch sent
+        self._poll: select.poll | None = None
+
+    def idle(self) -> bool:
+        """Whether ``submit`` can send a batch now."""
+        return bool(self._free) or self._poll is None
+
+    @property
+    def forked(self) -> bool:
+        """Whether the helpers were forked (by the first ``submit``)."""
+        return self._poll is not None
+
+    @property
+    def holding(self) -> int:
+        """Batches sent and not yet returned by ``finished``."""
+        return len(self._held)
+
+    def submit(self, batch: _B, keep: Any = None) -> None:
+        """Send ``batch`` to an idle helper (``idle()`` must be true); ``keep`` (not sent)
+        comes back with it."""
+        if self._poll is None:  # the first batch: fork
+            self._poll = select.poll()
+            for _ in range(self._count):
+                self._free.append(_Helper(self._work, self._free))
+        helper = self._free.pop()
+        with contextlib.suppress(OSError):  # it died: ``finished`` returns the batch undone
+            _send(helper.sock, marshal.dumps(cast(Any, batch)))
+        self._held[helper.sock.fileno()] = (helper, keep, batch)
+        self._poll.register(helper.sock, select.POLLIN)
+
+    def finished(self, wait: bool = False) -> list[tuple[Any, _B, _T | None]]:
+        """The batches whose helpers answered, ``(keep, batch, result)`` (result None: do the
+        batch yourself); with ``wait``, every batch sent."""
+        done: list[tuple[Any, _B, _T | None]] = []
+        while self._held and self._poll is not None:
+            ready = self._poll.poll(None if wait else 0)
+            if not ready:
+                break
+            for fd, _ in ready:
+                helper, keep, batch = self._held.pop(fd)
+                self._poll.unregister(fd)
+                done.append((keep, batch, self._result(helper)))
+            if not wait:
+                break
+        return done
+
+    def _result(self, helper: _Helper) -> _T | None:
+        try:
+            reply = _receive(helper.sock)
+        except OSError:
+            reply = None
+        if reply is None or reply[:1] != _DONE:
+            helper.end()  # failed: never used again
+            return None
+        self._free.append(helper)
+        result: _T = marshal.loads(reply[1:])  # noqa: S302 (its own helper's)
+        return result
+
+    def close(self) -> None:
+        """End every helper (batches held are dropped: a failed bundle's)."""
+        for helper, _, _ in self._held.values():
+            helper.end()
+        for helper in self._free:
+            helper.end()
+        self._free, self._held, self._poll = [], {}, None

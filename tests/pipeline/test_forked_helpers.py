@@ -1,0 +1,104 @@
+"""Helper processes forked to apply one function to batches (fanin.transforms.forked_helpers):
+every batch comes back exactly once, with its result or marked undone when its helper failed;
+a failed helper takes no more batches; nothing is forked before the first batch; helpers
+ignore Ctrl-C and are gone once closed."""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any
+
+import pytest
+
+from fanin.transforms.forked_helpers import Helpers
+
+
+def _pid_and_sum(batch: list[int]) -> tuple[int, int]:
+    return os.getpid(), sum(batch)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_every_batch_comes_back_once_with_its_result_from_another_process() -> None:
+    helpers: Helpers[list[int], tuple[int, int]] = Helpers(_pid_and_sum, 2)
+    assert not helpers.forked and helpers.idle()
+    batches = [list(range(n)) for n in range(1, 7)]
+    done: list[tuple[Any, list[int], tuple[int, int] | None]] = []
+    for n, batch in enumerate(batches):
+        if not helpers.idle():
+            done += helpers.finished(wait=True)
+        helpers.submit(batch, keep=n)
+    done += helpers.finished(wait=True)
+    helpers.close()
+    assert sorted(keep for keep, _, _ in done) == list(range(6))
+    for keep, batch, result in done:
+        assert batch == batches[keep]
+        assert result is not None and result[1] == sum(batch)
+    pids = {result[0] for _, _, result in done if result is not None}
+    assert os.getpid() not in pids and 1 <= len(pids) <= 2
+    assert all(_gone(pid) for pid in pids)  # closed: exited and reaped
+
+
+def _dies_on_negative(batch: list[int]) -> int:
+    if batch[0] < 0:
+        os._exit(3)
+    return sum(batch)
+
+
+def _raises_on_negative(batch: list[int]) -> int:
+    if batch[0] < 0:
+        raise RuntimeError("bad batch")
+    return sum(batch)
+
+
+def _unmarshallable_on_negative(batch: list[int]) -> Any:
+    return object() if batch[0] < 0 else sum(batch)
+
+
+@pytest.mark.parametrize("work", [_dies_on_negative, _raises_on_negative,
+                                  _unmarshallable_on_negative])
+def test_a_helper_that_fails_returns_its_batch_undone_and_takes_no_more(work: Any) -> None:
+    helpers: Helpers[list[int], int] = Helpers(work, 1)
+    helpers.submit([1, 2])
+    assert helpers.finished(wait=True) == [(None, [1, 2], 3)]
+    helpers.submit([-1, 5], keep="k")
+    assert helpers.finished(wait=True) == [("k", [-1, 5], None)]
+    assert not helpers.idle() and helpers.holding == 0  # its only helper failed
+    assert helpers.finished(wait=True) == []
+    helpers.close()
+
+
+def test_finished_without_waiting_returns_only_what_is_done() -> None:
+    helpers: Helpers[list[int], tuple[int, int]] = Helpers(_pid_and_sum, 1)
+    assert helpers.finished() == []
+    helpers.submit([4])
+    assert helpers.holding == 1 and not helpers.idle()
+    ((_, batch, result),) = helpers.finished(wait=True)
+    assert batch == [4] and result is not None and result[1] == 4
+    assert helpers.holding == 0 and helpers.idle()
+    helpers.close()
+
+
+def test_a_helper_ignores_ctrl_c_and_goes_on() -> None:
+    helpers: Helpers[list[int], tuple[int, int]] = Helpers(_pid_and_sum, 1)
+    helpers.submit([1])
+    ((_, _, first),) = helpers.finished(wait=True)
+    assert first is not None
+    os.kill(first[0], signal.SIGINT)
+    helpers.submit([2])
+    ((_, _, second),) = helpers.finished(wait=True)
+    assert second == (first[0], 2)
+    helpers.close()
+    assert _gone(first[0])
+
+
+def test_count_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="count"):
+        Helpers(_pid_and_sum, 0)
