@@ -282,6 +282,9 @@ def part_headline(tmp: str, joins: int, stream_joins: int, repeats: int,
         variants[f"naive join, {label}"] = _naive_cmd(path, os.path.join(tmp, "hn"), *naive_args)
         variants[f"fanin bounded, {label}"] = _fanin_cmd(path, os.path.join(tmp, "hf"),
                                                          *fanin_args)
+    # the default runner's close step in one process (no helpers: docs/runners.md)
+    variants["fanin bounded one process, default"] = _fanin_cmd(
+        path, os.path.join(tmp, "hf"), "--close-processes", "1")
     if _prism():  # run as its user would, no --runner: Beam's DirectRunner takes Prism
         variants["naive join, as written"] = _naive_cmd(path, os.path.join(tmp, "hn"))
     per_runner: list[tuple[str, int, dict[str, tuple[list[str], str | None]]]] = [
@@ -312,6 +315,11 @@ def part_headline(tmp: str, joins: int, stream_joins: int, repeats: int,
                      naive[2], "1.00 / 1.00"])
         rows.append([f"**fanin run ({label} runner)**", lines, *fanin[:2], lines / fanin[0],
                      fanin[2], f"**{naive[0] / fanin[0]:.2f}** / {naive[1] / fanin[1]:.2f}"])
+        if label == "default":
+            one = med["fanin bounded one process, default"]
+            rows.append(["fanin run --close-processes 1 (default runner)", lines, *one[:2],
+                         lines / one[0], one[2],
+                         f"{naive[0] / one[0]:.2f} / {naive[1] / one[1]:.2f}"])
     if "naive join, as written" in med:
         naive, fanin = med["naive join, as written"], med["fanin bounded, default"]
         rows.append(["naive join (no --runner: Beam's DirectRunner, Prism here) vs fanin run "

@@ -12,10 +12,11 @@ Guarantees:
   the helper computed it, or with ``None`` when the helper failed (``work`` raised, or the
   helper died or closed its end): the caller then does that batch itself, so each batch is
   done exactly once, here or there. A helper that failed takes no batch again.
-- A helper runs nothing of its parent after the fork but ``work``: it leaves through
-  ``os._exit`` whatever happens, ignores SIGINT (Ctrl-C reaches the whole process group,
-  and the parent decides what it means), and exits once its parent closes its end (``close``,
-  or the parent's exit, whatever ends it).
+- A helper runs nothing of its parent after the fork but ``work``: it closes every file
+  descriptor it inherits but 0-2 (so no lock of its parent's files outlives the parent's
+  own release), leaves through ``os._exit`` whatever happens, ignores SIGINT (Ctrl-C
+  reaches the whole process group, and the parent decides what it means), and exits once
+  its parent closes its end (``close``, or the parent's exit, whatever ends it).
 - Batches and results travel over a socket pair per helper, in ``marshal``'s format (both
   ends are one interpreter; it takes plain data, ~2x faster than pickle for the close step's
   dicts): a result ``marshal`` refuses fails its batch, which the caller then does itself. A
@@ -70,6 +71,14 @@ def _exactly(sock: socket.socket, size: int) -> bytes | None:
     return bytes(buffer)
 
 
+def _open_max() -> int:
+    """One more than the highest file descriptor a process may have."""
+    try:
+        return max(os.sysconf("SC_OPEN_MAX"), 1024)
+    except (ValueError, OSError):
+        return 65_536
+
+
 def _serve(sock: socket.socket, work: Callable[[_B], _T]) -> None:
     """The helper's life: batches in, results out, until its parent closes its end."""
     while True:
@@ -90,7 +99,7 @@ class _Helper:
     sock: socket.socket
     pid: int
 
-    def __init__(self, work: Callable[[_B], _T], siblings: list[_Helper]) -> None:
+    def __init__(self, work: Callable[[_B], _T]) -> None:
         parent, child = socket.socketpair()
         with warnings.catch_warnings():
             # Python 3.12 warns of a fork while threads run (a lock one of them holds stays
@@ -104,8 +113,12 @@ class _Helper:
             try:
                 gc.freeze()
                 signal.signal(signal.SIGINT, signal.SIG_IGN)
-                for end in (parent, *(sibling.sock for sibling in siblings)):
-                    end.close()  # a helper sees its end close only once no copy is open
+                # every descriptor but its socket's and 0-2 closed: the other helpers' ends (a
+                # helper sees its parent's end close only once no copy is open) and its
+                # parent's files, whose locks (the output folder's flock) must end with it
+                keep = child.fileno()
+                os.closerange(3, keep)
+                os.closerange(keep + 1, _open_max())
                 _serve(child, work)
             except BaseException:  # e.g. its parent went away while it sent a result
                 code = 1
@@ -152,8 +165,7 @@ class Helpers(Generic[_B, _T]):
         comes back with it."""
         if self._poll is None:  # the first batch: fork
             self._poll = select.poll()
-            for _ in range(self._count):
-                self._free.append(_Helper(self._work, self._free))
+            self._free = [_Helper(self._work) for _ in range(self._count)]
         helper = self._free.pop()
         with contextlib.suppress(OSError):  # it died: ``finished`` returns the batch undone
             _send(helper.sock, marshal.dumps(cast(Any, batch)))

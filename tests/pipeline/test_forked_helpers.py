@@ -5,8 +5,10 @@ ignore Ctrl-C and are gone once closed."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -102,3 +104,19 @@ def test_a_helper_ignores_ctrl_c_and_goes_on() -> None:
 def test_count_must_be_positive() -> None:
     with pytest.raises(ValueError, match="count"):
         Helpers(_pid_and_sum, 0)
+
+
+def test_a_helper_holds_none_of_its_parents_files_or_their_locks(tmp_path: Path) -> None:
+    """The output folder's lock (flock) ends when the parent lets it go, helpers alive."""
+    path = tmp_path / "lock"
+    held = os.open(path, os.O_CREAT | os.O_RDWR)
+    fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    helpers: Helpers[list[int], tuple[int, int]] = Helpers(_pid_and_sum, 1)
+    helpers.submit([1])
+    ((_, _, result),) = helpers.finished(wait=True)
+    assert result is not None and not _gone(result[0])
+    os.close(held)
+    again = os.open(path, os.O_RDWR)
+    fcntl.flock(again, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raised BlockingIOError if inherited
+    os.close(again)
+    helpers.close()
