@@ -50,3 +50,32 @@ def test_help_query_and_report_load_no_beam(tmp_path: Path, argv: list[str]) -> 
                           text=True, timeout=120)
     found = json.loads(done.stdout.strip().splitlines()[-1])
     assert found == {"code": 0, "heavy": []}, (found, done.stderr[-2000:])
+
+
+_RE2_PROBE = """
+import json, sys
+from fanin.contracts.catalog import load_contracts
+from fanin.contracts.schemas import first_error, validator_for
+contracts = load_contracts(sys.argv[1])
+schema = json.loads(sys.argv[2])
+before = "re2" in sys.modules
+error = first_error(validator_for(schema), "abc") if schema else None
+print(json.dumps({"before": before, "after": "re2" in sys.modules, "error": error}))
+"""
+
+
+@pytest.mark.parametrize("schema, imported, refused", [
+    ({}, False, False),  # the bundled contracts have no pattern: RE2 is never imported
+    ({"type": "string", "pattern": "^b"}, True, True),
+    ({"type": "string", "pattern": "^a"}, True, False),
+])
+def test_re2_is_imported_at_the_first_pattern_only(schema: dict[str, str], imported: bool,
+                                                   refused: bool) -> None:
+    done = subprocess.run([sys.executable, "-c", _RE2_PROBE,
+                           str(REPO / "fanin" / "examples" / "contracts.yaml"),
+                           json.dumps(schema)],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["before"] is False, done.stderr[-2000:]
+    assert found["after"] is imported
+    assert (found["error"] is not None) is refused

@@ -34,7 +34,6 @@ from typing import Any
 from urllib.parse import urljoin
 
 import jsonschema
-import re2
 from jsonschema import validators
 from jsonschema_specifications import REGISTRY as SPECIFICATIONS
 from referencing import Registry, Resource
@@ -69,8 +68,15 @@ def _multiple_of(validator: Any, divisor: Any, instance: Any, schema: Any) -> It
         yield jsonschema.ValidationError(f"{instance!r} is not a multiple of {divisor!r}")
 
 
-_RE2_OPTIONS = re2.Options()
-_RE2_OPTIONS.log_errors = False  # a pattern it refuses is reported once, by check_schema
+@functools.cache
+def _re2() -> tuple[Any, Any]:
+    """RE2's module and the options Fanin compiles with, imported at the first pattern (an
+    import of ~90 ms that a run whose contracts have no pattern never pays)."""
+    import re2
+
+    options = re2.Options()
+    options.log_errors = False  # a pattern it refuses is reported once, by check_schema
+    return re2, options
 
 
 # ECMA-262's \uXXXX escape (an even number of backslashes before it), which RE2 writes \x{XXXX}
@@ -81,7 +87,8 @@ _U_ESCAPE = re.compile(r"(?<!\\)((?:\\\\)*)\\u([0-9A-Fa-f]{4})")
 def _regex(pattern: str) -> Any:
     """``pattern`` compiled by RE2 (``re2.error`` if it cannot run it), its ``\\uXXXX``
     escapes as RE2 writes them."""
-    return re2.compile(_U_ESCAPE.sub(r"\1\\x{\2}", pattern), _RE2_OPTIONS)
+    re2, options = _re2()
+    return re2.compile(_U_ESCAPE.sub(r"\1\\x{\2}", pattern), options)
 
 
 def _matches(pattern: str, text: str) -> bool:
@@ -216,7 +223,7 @@ def _check_regexes(schema: Any) -> None:
     for pattern in patterns:
         try:
             _regex(pattern)
-        except re2.error as exc:
+        except _re2()[0].error as exc:
             reason = exc.args[0].decode() if exc.args and isinstance(exc.args[0], bytes) \
                 else str(exc)
             raise ValueError(f"pattern {pattern[:100]!r} cannot be checked in linear time "
