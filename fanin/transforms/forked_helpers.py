@@ -10,7 +10,8 @@ all of those sent); ``close`` ends the helpers.
 Guarantees:
 - Every batch submitted comes back from ``finished`` exactly once, with ``work(batch)`` as
   the helper computed it, or with ``None`` when the helper failed (``work`` raised, or the
-  helper died or closed its end): the caller then does that batch itself, so each batch is
+  helper died or closed its end) or ``marshal`` refused the batch: the caller then does that
+  batch itself, so each batch is
   done exactly once, here or there. A helper that failed takes no batch again.
 - A helper runs nothing of its parent after the fork but ``work``: it closes every file
   descriptor it inherits but 0-2 (so no lock of its parent's files outlives the parent's
@@ -144,6 +145,7 @@ class Helpers(Generic[_B, _T]):
         self._work, self._count = work, count
         self._free: list[_Helper] = []
         self._held: dict[int, tuple[_Helper, Any, _B]] = {}  # by socket fd: a batch sent
+        self._refused: list[tuple[Any, _B, _T | None]] = []  # batches marshal refused
         self._poll: select.poll | None = None
 
     def idle(self) -> bool:
@@ -157,8 +159,8 @@ class Helpers(Generic[_B, _T]):
 
     @property
     def holding(self) -> int:
-        """Batches sent and not yet returned by ``finished``."""
-        return len(self._held)
+        """Batches submitted and not yet returned by ``finished``."""
+        return len(self._held) + len(self._refused)
 
     def submit(self, batch: _B, keep: Any = None) -> None:
         """Send ``batch`` to an idle helper (``idle()`` must be true); ``keep`` (not sent)
@@ -166,16 +168,21 @@ class Helpers(Generic[_B, _T]):
         if self._poll is None:  # the first batch: fork
             self._poll = select.poll()
             self._free = [_Helper(self._work) for _ in range(self._count)]
+        try:
+            payload = marshal.dumps(cast(Any, batch))
+        except ValueError:  # a value marshal does not take: ``finished`` returns it undone
+            self._refused.append((keep, batch, None))
+            return
         helper = self._free.pop()
         with contextlib.suppress(OSError):  # it died: ``finished`` returns the batch undone
-            _send(helper.sock, marshal.dumps(cast(Any, batch)))
+            _send(helper.sock, payload)
         self._held[helper.sock.fileno()] = (helper, keep, batch)
         self._poll.register(helper.sock, select.POLLIN)
 
     def finished(self, wait: bool = False) -> list[tuple[Any, _B, _T | None]]:
         """The batches whose helpers answered, ``(keep, batch, result)`` (result None: do the
         batch yourself); with ``wait``, every batch sent."""
-        done: list[tuple[Any, _B, _T | None]] = []
+        done, self._refused = self._refused, []
         while self._held and self._poll is not None:
             ready = self._poll.poll(None if wait else 0)
             if not ready:
@@ -206,4 +213,4 @@ class Helpers(Generic[_B, _T]):
             helper.end()
         for helper in self._free:
             helper.end()
-        self._free, self._held, self._poll = [], {}, None
+        self._free, self._held, self._refused, self._poll = [], {}, [], None

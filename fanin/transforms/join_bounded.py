@@ -130,21 +130,27 @@ class CloseGroups(_Counting):
         record after a closed join's tombstone (``D + retention_s``) starts the next join, as
         in a stream whose watermark passed the tombstone's end before it arrived.
 
-        With helpers, a join of at most ``_SENT_VALUES`` grouped values may go into the batch
-        the next idle helper decides; the others are decided here, as they come."""
+        With helpers, a join of at most ``_SENT_VALUES`` grouped values and ``_SENT_BYTES``
+        bytes may go into the batch the next idle helper decides; the others are decided here,
+        as they come."""
         join_id, grouped = element
         helpers = self._helpers
         if helpers is not None:
             yield from self._helped(helpers.finished())
-            if len(self._batch) >= self._BATCH_JOINS and helpers.idle():
+            if self._full() and helpers.idle():
                 self._send(helpers)
-            if len(self._batch) < self._BATCH_JOINS:
+            if not self._full():
                 values = list(islice(grouped, self._SENT_VALUES + 1))
-                if len(values) <= self._SENT_VALUES:
+                size = sum(map(len, values))
+                if len(values) <= self._SENT_VALUES and size <= self._SENT_BYTES:
                     self._batch.append((join_id, values))
                     self._where.append((timestamp, window))
+                    self._batch_bytes += size
                     return
         yield from self._emit(self._outputs(join_id, grouped))
+
+    def _full(self) -> bool:
+        return len(self._batch) >= self._BATCH_JOINS or self._batch_bytes >= self._BATCH_BYTES
 
     def _outputs(self, join_id: str, grouped: Iterable[bytes]) -> Iterator[Output]:
         """One join's outputs: its parse's dead letters as they come, then its decision's;
@@ -166,9 +172,11 @@ class CloseGroups(_Counting):
                                    on_error=_internal_errors)
 
     # Helpers (``processes`` > 1): joins go to them in batches of _BATCH_JOINS (~20 ms of
-    # work each on the fleet headline's joins), a join with at most _SENT_VALUES grouped values
-    # (each one message or more)
+    # work each on the fleet headline's joins) or _BATCH_BYTES of messages, whichever comes
+    # first (each batch is copied twice on its way), a join with at most _SENT_VALUES grouped
+    # values (each one message or more) and _SENT_BYTES
     _BATCH_JOINS, _SENT_VALUES = 128, 256
+    _BATCH_BYTES, _SENT_BYTES = 16 << 20, 1 << 20
 
     def setup(self) -> None:
         self._helpers = Helpers(self._decided, self._processes - 1) \
@@ -182,6 +190,7 @@ class CloseGroups(_Counting):
         super().start_bundle()
         self._batch: list[tuple[str, list[bytes]]] = []
         self._where: list[tuple[Any, Any]] = []  # each batched join's timestamp and window
+        self._batch_bytes = 0
         self._parsed_here = 0
         if self._helpers is not None and self._helpers.holding:  # a failed bundle's batches
             self._helpers.close()
@@ -193,7 +202,7 @@ class CloseGroups(_Counting):
         if helpers is not None:
             yield from self._helped(helpers.finished())
             batch, where = self._batch, self._where
-            self._batch, self._where = [], []
+            self._batch, self._where, self._batch_bytes = [], [], 0
             if len(batch) > 1 and helpers.forked and helpers.idle():
                 half = len(batch) // 2
                 helpers.submit(batch[:half], where[:half])
@@ -205,7 +214,7 @@ class CloseGroups(_Counting):
 
     def _send(self, helpers: Helpers[list[tuple[str, list[bytes]]], Any]) -> None:
         helpers.submit(self._batch, self._where)
-        self._batch, self._where = [], []
+        self._batch, self._where, self._batch_bytes = [], [], 0
 
     def _decided(self, batch: list[tuple[str, list[bytes]]]) -> tuple[list[list[Output]], int]:
         """What a helper does with a batch: each join's outputs, and the records parsed."""

@@ -86,6 +86,17 @@ def test_helpers_give_the_files_and_counters_of_one_process(
         assert b'"join_too_large"' in b"".join(one["files"]["dead_letter"].values())
 
 
+def test_batches_are_bounded_in_bytes_and_large_joins_stay_in_the_close_step(
+        traffic: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    one = _run(traffic, tmp_path / "one", 1)
+    monkeypatch.setattr(CloseGroups, "_BATCH_BYTES", 8_000)
+    monkeypatch.setattr(CloseGroups, "_SENT_BYTES", 2_000)
+    sent, undone = _batches(monkeypatch)
+    assert _run(traffic, tmp_path / "two", 2) == one
+    assert len(sent) >= 10 and max(sent) < 128 and not undone
+    assert sum(sent) < 350  # the joins over 2,000 bytes were decided by the close step
+
+
 def test_a_helper_that_dies_or_fails_mid_run_changes_no_output(
         traffic: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     one = _run(traffic, tmp_path / "one", 1)

@@ -120,3 +120,15 @@ def test_a_helper_holds_none_of_its_parents_files_or_their_locks(tmp_path: Path)
     fcntl.flock(again, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raised BlockingIOError if inherited
     os.close(again)
     helpers.close()
+
+
+def test_a_batch_marshal_refuses_comes_back_undone_and_the_helper_stays_free() -> None:
+    helpers: Helpers[list[Any], tuple[int, int]] = Helpers(_pid_and_sum, 1)
+    odd = [object()]
+    helpers.submit(odd, keep="odd")
+    assert helpers.holding == 1 and helpers.idle()
+    assert helpers.finished() == [("odd", odd, None)]
+    helpers.submit([2, 3])
+    ((_, _, result),) = helpers.finished(wait=True)
+    assert result is not None and result[1] == 5
+    helpers.close()
