@@ -42,6 +42,7 @@ from fanin.pipelines.output_folder import (
     remove_empty,
 )
 from fanin.pipelines.runner_choice import (
+    check_close_processes,
     check_local_workers,
     check_runner_class,
     choose_runner,
@@ -210,11 +211,13 @@ def configure_options(config: RunConfig, beam_args: Sequence[str]) -> PipelineOp
     """Beam's options for ``config``: the runner made explicit, streaming set when needed, and
     for Dataflow the checks of ``check_dataflow`` (``ConfigError``, one line); a stream on
     FnApiRunner, which runs bounded pipelines only, is refused the same way, and so is Beam's
-    ``--streaming`` on files (the job would be submitted as streaming with a bounded graph)."""
+    ``--streaming`` on files (the job would be submitted as streaming with a bounded graph),
+    and ``--close-processes`` where it does nothing (``check_close_processes``)."""
     options = PipelineOptions(list(beam_args))
     standard = options.view_as(StandardOptions)
     standard.runner = choose_runner(config, options)
     check_runner_class(standard.runner)
+    check_close_processes(options, config, standard.runner)
     if config.streaming:
         standard.streaming = True
         if standard.runner == "FnApiRunner":  # Beam's bounded-only local runner

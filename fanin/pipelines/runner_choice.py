@@ -23,8 +23,8 @@ from fanin.pipelines.config import ConfigError, RunConfig
 from fanin.transforms.forked_helpers import FORKS
 from fanin.transforms.write import AT_END, BY_COUNT_OR_TIME, BY_TIME
 
-__all__ = ["AUTO_CLOSE_PROCESSES", "check_local_workers", "check_runner_class", "choose_runner",
-           "close_processes", "early_firing",
+__all__ = ["AUTO_CLOSE_PROCESSES", "check_close_processes", "check_local_workers",
+           "check_runner_class", "choose_runner", "close_processes", "early_firing",
            "runner_class_name", "runner_in"]
 
 
@@ -91,9 +91,8 @@ _IN_PROCESS_RUNNERS = ("DirectRunner", "BundleBasedDirectRunner", "SwitchingDire
 
 def check_local_workers(options: PipelineOptions, config: RunConfig, runner: str) -> None:
     """``--direct_num_workers`` is 1 or more, or 0 (a worker per core), and is not given to a
-    stream on Beam's in-process runners, which run it on one worker whatever it says;
-    ``--close-processes`` is given only where it applies (``close_processes``), else
-    ``ConfigError``."""
+    stream on Beam's in-process runners, which run it on one worker whatever it says (else
+    ``ConfigError``)."""
     workers = options.view_as(DirectOptions).direct_num_workers
     if (workers or 0) < 0:
         raise ConfigError("--direct_num_workers must be 1 or more (0: as many as the machine "
@@ -102,6 +101,11 @@ def check_local_workers(options: PipelineOptions, config: RunConfig, runner: str
         raise ConfigError(f"--direct_num_workers={workers} applies to bounded runs "
                           f"(FnApiRunner); a stream on {runner} runs one worker and would "
                           "ignore it")
+
+
+def check_close_processes(options: PipelineOptions, config: RunConfig, runner: str) -> None:
+    """``--close-processes`` is given only where it applies (``close_processes``), and above 1
+    only where processes fork, else ``ConfigError``."""
     if config.close_processes is not None and not _one_local_worker(options, config, runner):
         raise ConfigError("--close-processes applies to a bounded run on the local runner "
                           "(FnApiRunner) with one worker (no --direct_num_workers, no "

@@ -141,13 +141,16 @@ def test_close_processes_defaults_to_the_cores_on_the_local_bounded_runner_only(
      "--close-processes applies to a bounded run"),
     (["--close-processes", "1", "--direct_num_workers", "2"],
      "--close-processes applies to a bounded run"),
+    (["--close-processes", "2", "--dry-run", "{tmp}/graph.json", "--runner", "DataflowRunner",
+      "--project", "my-project", "--region", "us-central1", "--temp_location",
+      "gs://my-bucket/tmp"], "--close-processes applies to a bounded run"),
 ])
 def test_close_processes_where_it_does_nothing_is_one_line_and_exit_2(
         traffic: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str],
         message: str) -> None:
     code = main(["run", "--input", str(traffic), "--contracts", CONTRACTS_PATH,
-                 "--output", str(tmp_path / "out"), *args])
+                 "--output", str(tmp_path / "out"), *(a.format(tmp=tmp_path) for a in args)])
     err = capsys.readouterr().err.strip()
     assert code == 2
     assert err.startswith("fanin: error: ") and message in err and "\n" not in err
-    assert not (tmp_path / "out").exists()
+    assert not (tmp_path / "out").exists() and not (tmp_path / "graph.json").exists()
