@@ -11,8 +11,8 @@ Guarantees:
 - Every batch submitted comes back from ``finished`` exactly once, with ``work(batch)`` as
   the helper computed it, or with ``None`` when the helper failed (``work`` raised, or the
   helper died or closed its end) or ``marshal`` refused the batch: the caller then does that
-  batch itself, so each batch is
-  done exactly once, here or there. A helper that failed takes no batch again.
+  batch itself, so each batch is done exactly once, here or there. A helper that failed
+  takes no batch again.
 - A helper runs nothing of its parent after the fork but ``work``: it closes every file
   descriptor it inherits but 0-2 (so no lock of its parent's files outlives the parent's
   own release), leaves through ``os._exit`` whatever happens, ignores SIGINT (Ctrl-C
@@ -51,17 +51,20 @@ _SIZE = struct.Struct("<Q")
 _DONE, _FAILED = b"d", b"f"
 
 
-def _send(sock: socket.socket, payload: bytes) -> None:
-    sock.sendall(_SIZE.pack(len(payload)) + payload)
+def _send(sock: socket.socket, *parts: bytes) -> None:
+    """One message: its parts, back to back (not joined: a batch is megabytes)."""
+    sock.sendall(_SIZE.pack(sum(map(len, parts))))
+    for part in parts:
+        sock.sendall(part)
 
 
-def _receive(sock: socket.socket) -> bytes | None:
+def _receive(sock: socket.socket) -> bytearray | None:
     """One message, or None if the other end closed first."""
     head = _exactly(sock, _SIZE.size)
     return None if head is None else _exactly(sock, _SIZE.unpack(head)[0])
 
 
-def _exactly(sock: socket.socket, size: int) -> bytes | None:
+def _exactly(sock: socket.socket, size: int) -> bytearray | None:
     buffer = bytearray(size)
     view, got = memoryview(buffer), 0
     while got < size:
@@ -69,7 +72,7 @@ def _exactly(sock: socket.socket, size: int) -> bytes | None:
         if n == 0:
             return None
         got += n
-    return bytes(buffer)
+    return buffer
 
 
 def _open_max() -> int:
@@ -87,11 +90,11 @@ def _serve(sock: socket.socket, work: Callable[[_B], _T]) -> None:
         if batch is None:
             return
         try:
-            reply = _DONE + marshal.dumps(cast(Any, work(marshal.loads(batch))))  # noqa: S302 (its parent's)
+            result = marshal.dumps(cast(Any, work(marshal.loads(batch))))  # noqa: S302 (its parent's)
         except Exception:  # the parent does the batch itself, where it raises visibly
             _send(sock, _FAILED)
             return
-        _send(sock, reply)
+        _send(sock, _DONE, result)
 
 
 class _Helper:
@@ -204,7 +207,7 @@ class Helpers(Generic[_B, _T]):
             helper.end()  # failed: never used again
             return None
         self._free.append(helper)
-        result: _T = marshal.loads(reply[1:])  # noqa: S302 (its own helper's)
+        result: _T = marshal.loads(memoryview(reply)[1:])  # noqa: S302 (its own helper's)
         return result
 
     def close(self) -> None:
