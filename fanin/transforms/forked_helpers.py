@@ -12,10 +12,12 @@ Guarantees:
   the helper computed it, or with ``None`` when the helper failed (``work`` raised, or the
   helper died or closed its end) or ``marshal`` refused the batch: the caller then does that
   batch itself, so each batch is done exactly once, here or there. A helper that failed
-  takes no batch again.
-- A helper runs nothing of its parent after the fork but ``work``: it closes every file
-  descriptor it inherits but 0-2 (so no lock of its parent's files outlives the parent's
-  own release), leaves through ``os._exit`` whatever happens, ignores SIGINT (Ctrl-C
+  takes no batch again; why it failed (what it raised, the signal that killed it) is in
+  ``failures``, for the caller to report.
+- A helper runs nothing of its parent after the fork but ``work``: it closes the files and
+  folders it inherits but 0-2 (so no lock of its parent's files outlives the parent's own
+  release; sockets and pipes stay: a library's threads that the fork restarts use them),
+  leaves through ``os._exit`` whatever happens, ignores SIGINT (Ctrl-C
   reaches the whole process group, and the parent decides what it means), and exits once
   its parent closes its end (``close``, or the parent's exit, whatever ends it).
 - Batches and results travel over a socket pair per helper, in ``marshal``'s format (both
@@ -32,16 +34,19 @@ from __future__ import annotations
 import contextlib
 import gc
 import marshal
+import math
 import os
 import select
 import signal
 import socket
+import stat
 import struct
+import time
 import warnings
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar, cast
 
-__all__ = ["FORKS", "Helpers"]
+__all__ = ["FORKS", "PATIENCE_S", "Helpers"]
 
 FORKS = hasattr(os, "fork")  # POSIX; Windows has no fork
 
@@ -49,6 +54,9 @@ _B = TypeVar("_B")
 _T = TypeVar("_T")
 _SIZE = struct.Struct("<Q")
 _DONE, _FAILED = b"d", b"f"
+# How long ``finished(wait=True)`` waits for a helper's answer before it kills the helper: a
+# batch is ~20 ms of work, at most a few seconds for 16 MiB of large joins
+PATIENCE_S = 300.0
 
 
 def _send(sock: socket.socket, *parts: bytes) -> None:
@@ -75,12 +83,34 @@ def _exactly(sock: socket.socket, size: int) -> bytearray | None:
     return buffer
 
 
-def _open_max() -> int:
-    """One more than the highest file descriptor a process may have."""
+def _close_files() -> None:
+    """Close every descriptor above 2 open on a file or a folder. Sockets, pipes and the like
+    stay open: a library with threads of its own (gRPC restarts its pollers in a forked
+    child) fails on a closed one."""
     try:
-        return max(os.sysconf("SC_OPEN_MAX"), 1024)
-    except (ValueError, OSError):
-        return 65_536
+        fds = [int(name) for name in os.listdir("/proc/self/fd")]
+    except OSError:  # no /proc: the usual range
+        fds = list(range(3, 1024))
+    for fd in fds:
+        if fd > 2:
+            with contextlib.suppress(OSError):  # the listing's own, or not open
+                if stat.S_ISREG(os.fstat(fd).st_mode) or stat.S_ISDIR(os.fstat(fd).st_mode):
+                    os.close(fd)
+
+
+def _ended(status: int | None) -> str:
+    """How a helper that said nothing ended, from its wait status."""
+    if status is not None and os.WIFSIGNALED(status):
+        return f"it was killed by signal {os.WTERMSIG(status)}"
+    if status is not None and os.WIFEXITED(status):
+        return f"it exited with status {os.WEXITSTATUS(status)}"
+    return "it ended"
+
+
+def _reason(exc: BaseException) -> bytes:
+    """What a helper says of its failure: the exception's type and first line."""
+    first = (str(exc).splitlines() or [""])[0][:200]
+    return f"{type(exc).__name__}: {first}".encode("utf-8", "replace")
 
 
 def _serve(sock: socket.socket, work: Callable[[_B], _T]) -> None:
@@ -91,8 +121,8 @@ def _serve(sock: socket.socket, work: Callable[[_B], _T]) -> None:
             return
         try:
             result = marshal.dumps(cast(Any, work(marshal.loads(batch))))  # noqa: S302 (its parent's)
-        except Exception:  # the parent does the batch itself, where it raises visibly
-            _send(sock, _FAILED)
+        except Exception as exc:  # the parent does the batch itself, where it raises visibly
+            _send(sock, _FAILED, _reason(exc))
             return
         _send(sock, _DONE, result)
 
@@ -103,7 +133,7 @@ class _Helper:
     sock: socket.socket
     pid: int
 
-    def __init__(self, work: Callable[[_B], _T]) -> None:
+    def __init__(self, work: Callable[[_B], _T], siblings: list[_Helper]) -> None:
         parent, child = socket.socketpair()
         with warnings.catch_warnings():
             # Python 3.12 warns of a fork while threads run (a lock one of them holds stays
@@ -117,38 +147,46 @@ class _Helper:
             try:
                 gc.freeze()
                 signal.signal(signal.SIGINT, signal.SIG_IGN)
-                # every descriptor but its socket's and 0-2 closed: the other helpers' ends (a
-                # helper sees its parent's end close only once no copy is open) and its
-                # parent's files, whose locks (the output folder's flock) must end with it
-                keep = child.fileno()
-                os.closerange(3, keep)
-                os.closerange(keep + 1, _open_max())
+                # the other helpers' ends (a helper sees its parent's end close only once no
+                # copy is open), and its parent's files, whose locks (the output folder's
+                # flock) must end with the parent's own release
+                for end in (parent, *(sibling.sock for sibling in siblings)):
+                    end.close()
+                _close_files()
                 _serve(child, work)
-            except BaseException:  # e.g. its parent went away while it sent a result
+            except BaseException as exc:  # e.g. its parent went away while it sent a result
                 code = 1
+                with contextlib.suppress(BaseException):
+                    _send(child, _FAILED, _reason(exc))
             finally:
                 os._exit(code)
         child.close()
         self.sock, self.pid = parent, pid
 
-    def end(self) -> None:
-        """Close the parent's end (the helper then exits) and reap the helper."""
+    def end(self) -> int | None:
+        """Close the parent's end (the helper then exits) and reap the helper; its wait
+        status (None if it was reaped elsewhere)."""
         self.sock.close()
-        with contextlib.suppress(ChildProcessError):  # already reaped
-            os.waitpid(self.pid, 0)
+        try:
+            return os.waitpid(self.pid, 0)[1]
+        except ChildProcessError:
+            return None
 
 
 class Helpers(Generic[_B, _T]):
     """Up to ``count`` helper processes applying ``work`` to batches (see the module
     docstring)."""
 
-    def __init__(self, work: Callable[[_B], _T], count: int) -> None:
-        if count < 1:
-            raise ValueError("count must be >= 1")
-        self._work, self._count = work, count
+    def __init__(self, work: Callable[[_B], _T], count: int,
+                 patience_s: float = PATIENCE_S) -> None:
+        if count < 1 or not patience_s > 0:
+            raise ValueError("count must be >= 1 and patience_s > 0")
+        self._work, self._count, self._patience_s = work, count, patience_s
+        self._sent_at: dict[int, float] = {}  # by socket fd: when its batch was sent
         self._free: list[_Helper] = []
         self._held: dict[int, tuple[_Helper, Any, _B]] = {}  # by socket fd: a batch sent
         self._refused: list[tuple[Any, _B, _T | None]] = []  # batches marshal refused
+        self.failures: list[str] = []  # why each failed helper failed, the caller's to report
         self._poll: select.poll | None = None
 
     def idle(self) -> bool:
@@ -170,33 +208,64 @@ class Helpers(Generic[_B, _T]):
         comes back with it."""
         if self._poll is None:  # the first batch: fork
             self._poll = select.poll()
-            self._free = [_Helper(self._work) for _ in range(self._count)]
+            for _ in range(self._count):
+                self._free.append(_Helper(self._work, self._free))
         try:
             payload = marshal.dumps(cast(Any, batch))
-        except ValueError:  # a value marshal does not take: ``finished`` returns it undone
+        except ValueError as exc:  # a value marshal does not take: returned undone
             self._refused.append((keep, batch, None))
+            self.failures.append(f"a batch could not be sent: {exc}")
             return
         helper = self._free.pop()
         with contextlib.suppress(OSError):  # it died: ``finished`` returns the batch undone
             _send(helper.sock, payload)
         self._held[helper.sock.fileno()] = (helper, keep, batch)
+        self._sent_at[helper.sock.fileno()] = time.monotonic()
         self._poll.register(helper.sock, select.POLLIN)
 
     def finished(self, wait: bool = False) -> list[tuple[Any, _B, _T | None]]:
         """The batches whose helpers answered, ``(keep, batch, result)`` (result None: do the
-        batch yourself); with ``wait``, every batch sent."""
+        batch yourself); with ``wait``, every batch sent: a helper that has not answered
+        ``patience_s`` after its batch was sent is killed, its batch returned undone (a
+        helper that hangs, as a library's lock held at the fork could make it, never stalls
+        the caller for longer)."""
         done, self._refused = self._refused, []
         while self._held and self._poll is not None:
-            ready = self._poll.poll(None if wait else 0)
-            if not ready:
-                break
+            timeout_ms = 0
+            if wait:
+                due = min(self._sent_at.values()) + self._patience_s - time.monotonic()
+                timeout_ms = max(0, math.ceil(due * 1000))
+            ready = self._poll.poll(timeout_ms)
+            if not ready and wait:
+                self._kill_overdue(done)
+                continue
             for fd, _ in ready:
-                helper, keep, batch = self._held.pop(fd)
-                self._poll.unregister(fd)
-                done.append((keep, batch, self._result(helper)))
+                done.append(self._answer(fd))
             if not wait:
                 break
         return done
+
+    def _taken(self, fd: int) -> tuple[_Helper, Any, _B]:
+        """The helper on ``fd``, and its batch, no longer held."""
+        del self._sent_at[fd]
+        if self._poll is not None:
+            self._poll.unregister(fd)
+        return self._held.pop(fd)
+
+    def _answer(self, fd: int) -> tuple[Any, _B, _T | None]:
+        helper, keep, batch = self._taken(fd)
+        return keep, batch, self._result(helper)
+
+    def _kill_overdue(self, done: list[tuple[Any, _B, _T | None]]) -> None:
+        """Kill every helper past its patience; its batch is returned undone."""
+        now = time.monotonic()
+        for fd in [fd for fd, at in self._sent_at.items() if now - at >= self._patience_s]:
+            helper, keep, batch = self._taken(fd)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(helper.pid, signal.SIGKILL)
+            helper.end()
+            self.failures.append(f"it did not answer within {self._patience_s:g} s (killed)")
+            done.append((keep, batch, None))
 
     def _result(self, helper: _Helper) -> _T | None:
         try:
@@ -204,7 +273,9 @@ class Helpers(Generic[_B, _T]):
         except OSError:
             reply = None
         if reply is None or reply[:1] != _DONE:
-            helper.end()  # failed: never used again
+            status = helper.end()  # failed: never used again
+            said = bytes(reply[1:]).decode("utf-8", "replace") if reply else ""
+            self.failures.append(said or _ended(status))
             return None
         self._free.append(helper)
         result: _T = marshal.loads(memoryview(reply)[1:])  # noqa: S302 (its own helper's)
@@ -213,7 +284,10 @@ class Helpers(Generic[_B, _T]):
     def close(self) -> None:
         """End every helper (batches held are dropped: a failed bundle's)."""
         for helper, _, _ in self._held.values():
+            with contextlib.suppress(ProcessLookupError):  # a failed bundle's: its batch is
+                os.kill(helper.pid, signal.SIGKILL)        # dropped, and it may be at work
             helper.end()
         for helper in self._free:
             helper.end()
         self._free, self._held, self._refused, self._poll = [], {}, [], None
+        self._sent_at = {}

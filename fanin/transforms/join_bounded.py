@@ -20,6 +20,7 @@ from fanin.core.outcomes import DEAD_LETTER, Output
 from fanin.transforms.forked_helpers import Helpers
 from fanin.transforms.join_outputs import (
     _INTERNAL,
+    _LOG,
     DEFAULT_MAX_BYTES_PER_JOIN,
     _Counting,
     _internal_errors,
@@ -54,9 +55,9 @@ class CloseGroups(_Counting):
     one decides the joins that come while every helper is busy. Each join is decided exactly
     once, by the same code here or in a helper, so the outputs are the ones a single process
     gives (in another order within the bundle: the files sort their lines); a batch whose
-    helper fails is decided here. A batch's outputs are emitted at its joins' timestamps and
-    windows, all of them by the end of the bundle. No helper is forked for a bundle of fewer
-    than ``_BATCH_JOINS`` joins.
+    helper fails is decided here (the helper's failure is logged, a warning). A batch's
+    outputs are emitted at its joins' timestamps and windows, all of them by the end of the
+    bundle. No helper is forked for a bundle of fewer than ``_BATCH_JOINS`` joins.
     """
 
     class _Reparsed:
@@ -224,8 +225,13 @@ class CloseGroups(_Counting):
 
     def _helped(self, done: list[tuple[Any, list[tuple[str, list[bytes]]], Any]]
                 ) -> Iterator[Any]:
-        """The outputs of batches the helpers answered (decided here if a helper failed),
-        each at its join's timestamp and window."""
+        """The outputs of batches the helpers answered (decided here if a helper failed, which
+        is logged), each at its join's timestamp and window."""
+        if self._helpers is not None and self._helpers.failures:
+            for reason in self._helpers.failures:
+                _LOG.warning("fanin: a helper of the close step failed (%s); the close step "
+                             "decides its joins itself", reason)
+            self._helpers.failures.clear()
         for where, batch, result in done:
             if result is None:
                 yield from self._here(batch, where)

@@ -1,27 +1,30 @@
 """The bounded close step with helper processes (``--close-processes``, CloseGroups' helpers):
-the same files and counters as one process, also when a helper dies or fails mid-run; the
-option applies only where it does something, and its default follows the cores."""
+the same files and counters as one process, also when a helper dies or fails mid-run (its
+failure reported); the option applies only where it does something, and its default follows
+the cores. Each run is a fresh interpreter (``support.close_runs``)."""
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
+from support.child_env import same_code_env
 
 from fanin.cli import main
 from fanin.fleet.simulate import CONTRACTS_PATH, write_simulation
-from fanin.pipelines.pipeline import RunConfig, run_pipeline
+from fanin.pipelines.pipeline import RunConfig
 from fanin.pipelines.runner_choice import AUTO_CLOSE_PROCESSES, close_processes
-from fanin.transforms.forked_helpers import Helpers
 from fanin.transforms.join_bounded import CloseGroups
 
 KINDS = ("closes", "late", "dead_letter")
 HOT = "hot-join"
+TESTS = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -41,81 +44,59 @@ def traffic(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def _run(path: Path, out: Path, processes: int, **config: Any) -> dict[str, Any]:
-    result = run_pipeline(RunConfig(output=str(out), inputs=[str(path)],
-                                    contracts_path=CONTRACTS_PATH, close_processes=processes,
-                                    **config), ["--runner=FnApiRunner"])
-    found = result.metrics().query(MetricsFilter().with_namespace("fanin"))
-    files = {kind: {p.name: p.read_bytes() for p in (out / kind).iterdir()} for kind in KINDS}
-    return {"files": files,
-            "counters": {r.key.metric.name: r.committed for r in found["counters"]}}
+def _run(path: Path, out: Path, processes: int, **settings: Any) -> dict[str, Any]:
+    """One bounded run in a fresh interpreter (``support.close_runs``): its files' hashes,
+    counters and what went to the helpers."""
+    done = subprocess.run([sys.executable, "-m", "support.close_runs", json.dumps(
+        {"input": str(path), "output": str(out), "processes": processes, **settings})],
+        capture_output=True, text=True, timeout=300, env=same_code_env(
+            PYTHONPATH=os.pathsep.join([same_code_env()["PYTHONPATH"], str(TESTS)])))
+    assert done.returncode == 0, done.stderr[-3000:]
+    found: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    assert all(found["files"][kind] for kind in KINDS)
+    return {**found, "stderr": done.stderr}
 
 
-def _batches(monkeypatch: pytest.MonkeyPatch) -> tuple[list[int], list[int]]:
-    """The sizes of the batches sent to helpers, and of those returned undone (the real
-    ``submit`` and ``finished`` run)."""
-    sent: list[int] = []
-    undone: list[int] = []
-    submit, finished = Helpers.submit, Helpers.finished
-
-    def counted(self: Helpers[Any, Any], batch: Any, keep: Any = None) -> None:
-        sent.append(len(batch))
-        submit(self, batch, keep)
-
-    def answered(self: Helpers[Any, Any], wait: bool = False) -> Any:
-        done = finished(self, wait)
-        undone.extend(len(batch) for _, batch, result in done if result is None)
-        return done
-
-    monkeypatch.setattr(Helpers, "submit", counted)
-    monkeypatch.setattr(Helpers, "finished", answered)
-    return sent, undone
+def _same(one: dict[str, Any], other: dict[str, Any]) -> bool:
+    return (one["files"], one["counters"]) == (other["files"], other["counters"])
 
 
-@pytest.mark.parametrize("limits", [{}, {"max_messages_per_join": 3}])
+@pytest.mark.parametrize("config", [{}, {"max_messages_per_join": 3}])
 def test_helpers_give_the_files_and_counters_of_one_process(
-        traffic: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        limits: dict[str, int]) -> None:
-    one = _run(traffic, tmp_path / "one", 1, **limits)
-    sent, undone = _batches(monkeypatch)
-    three = _run(traffic, tmp_path / "three", 3, **limits)
-    assert three == one
-    assert len(sent) >= 2 and sum(sent) < 401 and not undone  # helpers decided some joins
-    assert all(one["files"][kind] for kind in KINDS)
-    if limits:  # the per-join limit decided in helpers too
-        assert b'"join_too_large"' in b"".join(one["files"]["dead_letter"].values())
+        traffic: Path, tmp_path: Path, config: dict[str, int]) -> None:
+    one = _run(traffic, tmp_path / "one", 1, config=config)
+    three = _run(traffic, tmp_path / "three", 3, config=config)
+    assert _same(three, one)
+    assert one["sent"] == []
+    sent = three["sent"]
+    assert len(sent) >= 2 and sum(sent) < 401 and not three["undone"]  # helpers decided some
+    if config:  # the per-join limit decided in helpers too
+        assert one["counters"]["dead_letter.join_too_large"] > 100
 
 
 def test_batches_are_bounded_in_bytes_and_large_joins_stay_in_the_close_step(
-        traffic: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        traffic: Path, tmp_path: Path) -> None:
     one = _run(traffic, tmp_path / "one", 1)
-    monkeypatch.setattr(CloseGroups, "_BATCH_BYTES", 8_000)
-    monkeypatch.setattr(CloseGroups, "_SENT_BYTES", 2_000)
-    sent, undone = _batches(monkeypatch)
-    assert _run(traffic, tmp_path / "two", 2) == one
-    assert len(sent) >= 10 and max(sent) < 128 and not undone
+    two = _run(traffic, tmp_path / "two", 2,
+               batch={"_BATCH_BYTES": 8_000, "_SENT_BYTES": 2_000})
+    assert _same(two, one)
+    sent = two["sent"]
+    assert len(sent) >= 10 and max(sent) < 128 and not two["undone"]
     assert sum(sent) < 350  # the joins over 2,000 bytes were decided by the close step
 
 
+@pytest.mark.parametrize("fail, reason", [({"die_on": 2}, "it exited with status 9"),
+                                          ({"raise_on": 2}, "MemoryError: injected")])
 def test_a_helper_that_dies_or_fails_mid_run_changes_no_output(
-        traffic: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        traffic: Path, tmp_path: Path, fail: dict[str, int], reason: str) -> None:
     one = _run(traffic, tmp_path / "one", 1)
-    monkeypatch.setattr(CloseGroups, "_BATCH_JOINS", 8)
-    decided = CloseGroups._decided
-    calls: list[int] = []
-
-    def failing(self: CloseGroups, batch: list[tuple[str, list[bytes]]]) -> Any:
-        calls.append(1)  # in the helper's copy of this list: its own count
-        if len(calls) == 2:  # the first helper dies on its second batch
-            os._exit(9)
-        if len(calls) == 3:  # the other raises on its third
-            raise MemoryError("injected")
-        return decided(self, batch)
-
-    monkeypatch.setattr(CloseGroups, "_decided", failing)
-    sent, undone = _batches(monkeypatch)
-    assert _run(traffic, tmp_path / "two", 3) == one
-    assert len(undone) == 2 and len(sent) > 2  # both helpers failed once, after batches done
+    # each of the two helpers fails on its second batch (of ~50)
+    failing = _run(traffic, tmp_path / "two", 3, batch={"_BATCH_JOINS": 8}, fail=fail)
+    assert _same(failing, one)
+    assert len(failing["undone"]) == 2 and len(failing["sent"]) >= 4
+    assert failing["failures"] == [reason, reason]
+    warning = f"fanin: a helper of the close step failed ({reason}); the close step decides"
+    assert failing["stderr"].count(warning) == 2
 
 
 def test_close_processes_defaults_to_the_cores_on_the_local_bounded_runner_only() -> None:

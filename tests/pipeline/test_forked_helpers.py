@@ -6,12 +6,16 @@ ignore Ctrl-C and are gone once closed."""
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support.child_env import same_code_env
 
 from fanin.transforms.forked_helpers import Helpers
 
@@ -64,14 +68,26 @@ def _unmarshallable_on_negative(batch: list[int]) -> Any:
     return object() if batch[0] < 0 else sum(batch)
 
 
-@pytest.mark.parametrize("work", [_dies_on_negative, _raises_on_negative,
-                                  _unmarshallable_on_negative])
-def test_a_helper_that_fails_returns_its_batch_undone_and_takes_no_more(work: Any) -> None:
-    helpers: Helpers[list[int], int] = Helpers(work, 1)
+def _hangs_on_negative(batch: list[int]) -> int:
+    if batch[0] < 0:
+        signal.pause()  # a hang: only a signal ends it
+    return sum(batch)
+
+
+@pytest.mark.parametrize("work, reason", [
+    (_dies_on_negative, "it exited with status 3"),
+    (_raises_on_negative, "RuntimeError: bad batch"),
+    (_unmarshallable_on_negative, "ValueError: unmarshallable object"),
+    (_hangs_on_negative, "it did not answer within 0.5 s (killed)"),
+])
+def test_a_helper_that_fails_returns_its_batch_undone_and_takes_no_more(
+        work: Any, reason: str) -> None:
+    helpers: Helpers[list[int], int] = Helpers(work, 1, patience_s=0.5)
     helpers.submit([1, 2])
     assert helpers.finished(wait=True) == [(None, [1, 2], 3)]
     helpers.submit([-1, 5], keep="k")
     assert helpers.finished(wait=True) == [("k", [-1, 5], None)]
+    assert helpers.failures == [reason]
     assert not helpers.idle() and helpers.holding == 0  # its only helper failed
     assert helpers.finished(wait=True) == []
     helpers.close()
@@ -128,7 +144,51 @@ def test_a_batch_marshal_refuses_comes_back_undone_and_the_helper_stays_free() -
     helpers.submit(odd, keep="odd")
     assert helpers.holding == 1 and helpers.idle()
     assert helpers.finished() == [("odd", odd, None)]
+    assert helpers.failures == ["a batch could not be sent: unmarshallable object"]
     helpers.submit([2, 3])
     ((_, _, result),) = helpers.finished(wait=True)
     assert result is not None and result[1] == 5
     helpers.close()
+
+
+_GRPC_PROBE = """
+import json
+from concurrent import futures
+import grpc
+from fanin.transforms.forked_helpers import Helpers
+
+def add(batch):
+    return sum(batch)
+
+server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+port = server.add_insecure_port("127.0.0.1:0")
+server.start()
+channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+grpc.channel_ready_future(channel).result(timeout=30)
+rounds = []
+for n in range(8):
+    helpers = Helpers(add, 2, patience_s=30)
+    helpers.submit([n, 1], keep="a")
+    helpers.submit([n, 2], keep="b")
+    done = helpers.finished(wait=True)
+    rounds.append({"done": sorted([keep, batch, result] for keep, batch, result in done),
+                   "failures": helpers.failures})
+    helpers.close()
+server.stop(None)
+print(json.dumps(rounds))
+"""
+
+
+def test_helpers_forked_from_a_process_with_grpc_threads_do_each_batch_once() -> None:
+    """A fork of a process whose gRPC threads run (Beam's, the Pub/Sub client's) may crash in
+    gRPC's fork handlers: each batch still comes back once, undone with the reason if so."""
+    done = subprocess.run([sys.executable, "-c", _GRPC_PROBE], capture_output=True, text=True,
+                          timeout=300, env=same_code_env())
+    assert done.returncode == 0, done.stderr[-3000:]
+    for n, found in enumerate(json.loads(done.stdout.strip().splitlines()[-1])):
+        keys = [keep for keep, _, _ in found["done"]]
+        assert keys == ["a", "b"]
+        for _, batch, result in found["done"]:
+            assert result in (sum(batch), None)
+        undone = sum(result is None for _, _, result in found["done"])
+        assert len(found["failures"]) == undone, (n, found)

@@ -1,0 +1,87 @@
+"""One bounded run with ``--close-processes``, in a fresh interpreter (``python -m
+support.close_runs SETTINGS``): a test process may hold gRPC threads from earlier tests, and a
+fork of it may then crash (the helpers' documented fallback, which these runs must not
+depend on). Prints one JSON line: each output file's SHA-256 by kind and name, the Beam
+counters, the sizes of the batches sent to helpers and of those returned undone, and the
+helpers' failures.
+
+SETTINGS (JSON): ``input``, ``output``, ``processes``; optional ``config`` (more
+``RunConfig`` fields), ``batch`` (``_BATCH_JOINS``, ``_BATCH_BYTES``, ``_SENT_BYTES``
+overrides) and ``fail`` (``{"die_on": n, "raise_on": n}``: a helper exits on its n-th batch,
+or raises on it; each helper counts its own batches).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from apache_beam.metrics.metric import MetricsFilter
+
+from fanin.fleet.simulate import CONTRACTS_PATH
+from fanin.pipelines.pipeline import RunConfig, run_pipeline
+from fanin.transforms.forked_helpers import Helpers
+from fanin.transforms.join_bounded import CloseGroups
+
+KINDS = ("closes", "late", "dead_letter")
+
+
+def _spied() -> dict[str, list[Any]]:
+    """Record what ``Helpers`` sends and gets back (the real methods run)."""
+    seen: dict[str, list[Any]] = {"sent": [], "undone": [], "failures": []}
+    submit, finished = Helpers.submit, Helpers.finished
+
+    def counted(self: Helpers[Any, Any], batch: Any, keep: Any = None) -> None:
+        seen["sent"].append(len(batch))
+        submit(self, batch, keep)
+
+    def answered(self: Helpers[Any, Any], wait: bool = False) -> Any:
+        done = finished(self, wait)
+        seen["undone"].extend(len(batch) for _, batch, result in done if result is None)
+        seen["failures"].extend(self.failures)
+        return done
+
+    Helpers.submit = counted  # type: ignore[method-assign]
+    Helpers.finished = answered  # type: ignore[method-assign]
+    return seen
+
+
+def _failing(die_on: int | None, raise_on: int | None) -> None:
+    decided = CloseGroups._decided
+    calls: list[int] = []
+
+    def failing(self: CloseGroups, batch: list[tuple[str, list[bytes]]]) -> Any:
+        calls.append(1)  # in the helper's copy of this list: its own count
+        if len(calls) == die_on:
+            os._exit(9)
+        if len(calls) == raise_on:
+            raise MemoryError("injected")
+        return decided(self, batch)
+
+    CloseGroups._decided = failing  # type: ignore[method-assign]
+
+
+def main(settings: dict[str, Any]) -> dict[str, Any]:
+    for name, value in settings.get("batch", {}).items():
+        setattr(CloseGroups, name, value)
+    if "fail" in settings:
+        _failing(settings["fail"].get("die_on"), settings["fail"].get("raise_on"))
+    seen = _spied()
+    out = Path(settings["output"])
+    result = run_pipeline(RunConfig(output=str(out), inputs=[settings["input"]],
+                                    contracts_path=CONTRACTS_PATH,
+                                    close_processes=settings["processes"],
+                                    **settings.get("config", {})), ["--runner=FnApiRunner"])
+    found = result.metrics().query(MetricsFilter().with_namespace("fanin"))
+    files = {kind: {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+                    for p in sorted((out / kind).iterdir())} for kind in KINDS}
+    counters = {r.key.metric.name: r.committed for r in found["counters"]}
+    return {"files": files, "counters": counters, **seen}
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(json.loads(sys.argv[1]))))
