@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import functools
 import re
+import sys
+import threading
 from collections.abc import Iterator
 from decimal import Decimal
 from fractions import Fraction
@@ -261,16 +263,37 @@ _PROBES: tuple[Any, ...] = (None, True, 0, 0.5, "", [], {})
 _ENDLESS = "the schema refers to itself without end on this value"
 
 
+# Python frames a value's check may use (a check deeper than this is ``_ENDLESS``), counted
+# from its caller's frame: the answer never depends on how deep the caller is (a join decided
+# in the close step's ``process``, at its bundle's end, or in a forked helper)
+CHECK_FRAMES = 900
+_CHECKING = threading.Lock()  # the recursion limit is the interpreter's: one check at a time
+
+
 def first_error(validator: Any, value: Any) -> str | None:
     """The first schema error of ``value`` (at most 500 characters), or None. Never raises:
-    a schema that recurses without end on ``value`` is an error of its own."""
+    a schema that recurses without end on ``value`` is an error of its own, and so is a check
+    that needs more than ``CHECK_FRAMES`` Python frames, wherever it is called from."""
     problem = _errors(validator, value)
     return None if problem is None else problem[:500]
 
 
+def _depth() -> int:
+    """Frames on this thread's stack."""
+    frame, depth = sys._getframe(1), 1
+    while frame.f_back is not None:
+        frame, depth = frame.f_back, depth + 1
+    return depth
+
+
 def _errors(validator: Any, value: Any) -> str | None:
-    try:
-        error = next(iter(validator.iter_errors(value)), None)
-    except RecursionError:
-        return _ENDLESS
+    with _CHECKING:
+        before = sys.getrecursionlimit()
+        sys.setrecursionlimit(_depth() + CHECK_FRAMES)
+        try:
+            error = next(iter(validator.iter_errors(value)), None)
+        except RecursionError:
+            return _ENDLESS
+        finally:
+            sys.setrecursionlimit(before)
     return None if error is None else str(error.message)

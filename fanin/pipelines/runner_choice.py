@@ -107,10 +107,10 @@ def check_close_processes(options: PipelineOptions, config: RunConfig, runner: s
     """``--close-processes`` is given only where it applies (``close_processes``), and above 1
     only where processes fork, else ``ConfigError``."""
     if config.close_processes is not None and not _one_local_worker(options, config, runner):
-        raise ConfigError("--close-processes applies to a bounded run on the local runner "
-                          "(FnApiRunner) with one worker (no --direct_num_workers, no "
-                          "--direct_running_mode); other runners run the close step on all "
-                          "their workers' cores themselves")
+        raise ConfigError("--close-processes applies to a bounded run on FnApiRunner (the "
+                          "local runner fanin run picks for files) with one worker (no "
+                          "--direct_num_workers, no --direct_running_mode); this run's "
+                          "close step runs where that runner puts it")
     if (config.close_processes or 1) > 1 and not FORKS:
         raise ConfigError("--close-processes above 1 forks helpers, and this system has no "
                           "fork")

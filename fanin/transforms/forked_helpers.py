@@ -32,6 +32,7 @@ Guarantees:
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import gc
 import marshal
 import math
@@ -41,6 +42,7 @@ import signal
 import socket
 import stat
 import struct
+import sys
 import time
 import warnings
 from collections.abc import Callable
@@ -54,6 +56,7 @@ _B = TypeVar("_B")
 _T = TypeVar("_T")
 _SIZE = struct.Struct("<Q")
 _DONE, _FAILED = b"d", b"f"
+_PR_SET_PDEATHSIG = 1  # prctl(2)
 # How long ``finished(wait=True)`` waits for a helper's answer before it kills the helper: a
 # batch is ~20 ms of work, at most a few seconds for 16 MiB of large joins
 PATIENCE_S = 300.0
@@ -113,6 +116,17 @@ def _reason(exc: BaseException) -> bytes:
     return f"{type(exc).__name__}: {first}".encode("utf-8", "replace")
 
 
+def _die_with(parent_pid: int) -> None:
+    """On Linux, the kernel kills this helper when its parent dies (``PR_SET_PDEATHSIG``), at
+    once rather than when the batch at work ends: a parent killed by SIGTERM or a second
+    Ctrl-C leaves no helper behind."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent_pid:  # the parent died before that took effect
+        os._exit(1)
+
+
 def _serve(sock: socket.socket, work: Callable[[_B], _T]) -> None:
     """The helper's life: batches in, results out, until its parent closes its end."""
     while True:
@@ -141,10 +155,17 @@ class _Helper:
             # import lock) Python resets in a forked child
             warnings.filterwarnings("ignore", "This process .* is multi-threaded",
                                     DeprecationWarning)
-            pid = os.fork()
+            parent_pid = os.getpid()
+            try:
+                pid = os.fork()
+            except OSError:  # EAGAIN (a process limit), ENOMEM
+                parent.close()
+                child.close()
+                raise
         if pid == 0:  # the helper: never returns into its parent's code
             code = 0
             try:
+                _die_with(parent_pid)
                 gc.freeze()
                 signal.signal(signal.SIGINT, signal.SIG_IGN)
                 # the other helpers' ends (a helper sees its parent's end close only once no
@@ -162,10 +183,20 @@ class _Helper:
                 os._exit(code)
         child.close()
         self.sock, self.pid = parent, pid
+        self.ended = False
+
+    def kill(self) -> None:
+        """SIGKILL: it may be at work on a batch nobody waits for."""
+        if not self.ended:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
 
     def end(self) -> int | None:
         """Close the parent's end (the helper then exits) and reap the helper; its wait
-        status (None if it was reaped elsewhere)."""
+        status (None if it was reaped elsewhere or had ended before)."""
+        if self.ended:
+            return None
+        self.ended = True
         self.sock.close()
         try:
             return os.waitpid(self.pid, 0)[1]
@@ -183,6 +214,7 @@ class Helpers(Generic[_B, _T]):
             raise ValueError("count must be >= 1 and patience_s > 0")
         self._work, self._count, self._patience_s = work, count, patience_s
         self._sent_at: dict[int, float] = {}  # by socket fd: when its batch was sent
+        self._all: list[_Helper] = []  # every helper forked
         self._free: list[_Helper] = []
         self._held: dict[int, tuple[_Helper, Any, _B]] = {}  # by socket fd: a batch sent
         self._refused: list[tuple[Any, _B, _T | None]] = []  # batches marshal refused
@@ -208,8 +240,10 @@ class Helpers(Generic[_B, _T]):
         comes back with it."""
         if self._poll is None:  # the first batch: fork
             self._poll = select.poll()
-            for _ in range(self._count):
-                self._free.append(_Helper(self._work, self._free))
+            self._fork()
+        if not self._free:  # none could be forked
+            self._refused.append((keep, batch, None))
+            return
         try:
             payload = marshal.dumps(cast(Any, batch))
         except ValueError as exc:  # a value marshal does not take: returned undone
@@ -222,6 +256,18 @@ class Helpers(Generic[_B, _T]):
         self._held[helper.sock.fileno()] = (helper, keep, batch)
         self._sent_at[helper.sock.fileno()] = time.monotonic()
         self._poll.register(helper.sock, select.POLLIN)
+
+    def _fork(self) -> None:
+        """Fork the helpers; one that cannot be (a process or file limit) is a failure, and
+        the helpers forked so far serve."""
+        for _ in range(self._count):
+            try:
+                helper = _Helper(self._work, self._all)
+            except OSError as exc:
+                self.failures.append(f"a helper could not be started: {exc}")
+                return
+            self._all.append(helper)
+            self._free.append(helper)
 
     def finished(self, wait: bool = False) -> list[tuple[Any, _B, _T | None]]:
         """The batches whose helpers answered, ``(keep, batch, result)`` (result None: do the
@@ -261,8 +307,7 @@ class Helpers(Generic[_B, _T]):
         now = time.monotonic()
         for fd in [fd for fd, at in self._sent_at.items() if now - at >= self._patience_s]:
             helper, keep, batch = self._taken(fd)
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(helper.pid, signal.SIGKILL)
+            helper.kill()
             helper.end()
             self.failures.append(f"it did not answer within {self._patience_s:g} s (killed)")
             done.append((keep, batch, None))
@@ -282,12 +327,11 @@ class Helpers(Generic[_B, _T]):
         return result
 
     def close(self) -> None:
-        """End every helper (batches held are dropped: a failed bundle's)."""
-        for helper, _, _ in self._held.values():
-            with contextlib.suppress(ProcessLookupError):  # a failed bundle's: its batch is
-                os.kill(helper.pid, signal.SIGKILL)        # dropped, and it may be at work
+        """End every helper forked: one not idle is killed first (its batch, a failed or
+        interrupted bundle's, is dropped; it may be at work on it)."""
+        for helper in self._all:
+            if helper not in self._free:
+                helper.kill()
             helper.end()
-        for helper in self._free:
-            helper.end()
-        self._free, self._held, self._refused, self._poll = [], {}, [], None
+        self._all, self._free, self._held, self._refused, self._poll = [], [], {}, [], None
         self._sent_at = {}

@@ -56,8 +56,8 @@ class CloseGroups(_Counting):
     once, by the same code here or in a helper, so the outputs are the ones a single process
     gives (in another order within the bundle: the files sort their lines); a batch whose
     helper fails is decided here (the helper's failure is logged, a warning). A batch's
-    outputs are emitted at its joins' timestamps and windows, all of them by the end of the
-    bundle. No helper is forked for a bundle of fewer than ``_BATCH_JOINS`` joins.
+    outputs are emitted at its joins' timestamps, windows and panes, all of them by the end
+    of the bundle. No helper is forked for a bundle of fewer than ``_BATCH_JOINS`` joins.
     """
 
     class _Reparsed:
@@ -122,7 +122,8 @@ class CloseGroups(_Counting):
 
     def process(self, element: tuple[str, Iterable[bytes]],
                 timestamp: Any = beam.DoFn.TimestampParam,
-                window: Any = beam.DoFn.WindowParam) -> Iterator[Any]:
+                window: Any = beam.DoFn.WindowParam,
+                pane: Any = beam.DoFn.PaneInfoParam) -> Iterator[Any]:
         """The per-join limit (docs/spec.md §4): a join holds its first ``max_messages``
         records in arrival order (bounded input: event time, opens first, then the text), and
         no more than ``max_bytes`` of messages (the first record that does not fit ends it).
@@ -145,7 +146,7 @@ class CloseGroups(_Counting):
                 size = sum(map(len, values))
                 if len(values) <= self._SENT_VALUES and size <= self._SENT_BYTES:
                     self._batch.append((join_id, values))
-                    self._where.append((timestamp, window))
+                    self._where.append((timestamp, window, pane))
                     self._batch_bytes += size
                     return
         yield from self._emit(self._outputs(join_id, grouped))
@@ -190,7 +191,8 @@ class CloseGroups(_Counting):
     def start_bundle(self) -> None:
         super().start_bundle()
         self._batch: list[tuple[str, list[bytes]]] = []
-        self._where: list[tuple[Any, Any]] = []  # each batched join's timestamp and window
+        # each batched join's timestamp, window and pane: its outputs' when emitted later
+        self._where: list[tuple[Any, Any, Any]] = []
         self._batch_bytes = 0
         self._parsed_here = 0
         if self._helpers is not None and self._helpers.holding:  # a failed bundle's batches
@@ -226,7 +228,7 @@ class CloseGroups(_Counting):
     def _helped(self, done: list[tuple[Any, list[tuple[str, list[bytes]]], Any]]
                 ) -> Iterator[Any]:
         """The outputs of batches the helpers answered (decided here if a helper failed, which
-        is logged), each at its join's timestamp and window."""
+        is logged), each at its join's timestamp, window and pane."""
         if self._helpers is not None and self._helpers.failures:
             for reason in self._helpers.failures:
                 _LOG.warning("fanin: a helper of the close step failed (%s); the close step "
@@ -238,21 +240,22 @@ class CloseGroups(_Counting):
                 continue
             outputs, parsed = result
             self._parsed_here += parsed
-            for (timestamp, window), joins in zip(where, outputs, strict=True):
+            for place, joins in zip(where, outputs, strict=True):
                 for item in self._emit(joins):
-                    yield _placed(item, timestamp, window)
+                    yield _placed(item, *place)
 
-    def _here(self, batch: list[tuple[str, list[bytes]]], where: list[tuple[Any, Any]]
+    def _here(self, batch: list[tuple[str, list[bytes]]], where: list[tuple[Any, Any, Any]]
               ) -> Iterator[Any]:
-        """A batch decided here, each join's outputs at its timestamp and window."""
-        for (join_id, grouped), (timestamp, window) in zip(batch, where, strict=True):
+        """A batch decided here, each join's outputs at its timestamp, window and pane."""
+        for (join_id, grouped), place in zip(batch, where, strict=True):
             for item in self._emit(self._outputs(join_id, grouped)):
-                yield _placed(item, timestamp, window)
+                yield _placed(item, *place)
 
 
-def _placed(item: Any, timestamp: Any, window: Any) -> Any:
-    """An output emitted outside its join's ``process`` call, at that join's timestamp and
-    window."""
+def _placed(item: Any, timestamp: Any, window: Any, pane: Any) -> Any:
+    """An output emitted outside its join's ``process`` call, at that join's timestamp, window
+    and pane."""
     if isinstance(item, pvalue.TaggedOutput):
-        return pvalue.TaggedOutput(item.tag, WindowedValue(item.value, timestamp, (window,)))
-    return WindowedValue(item, timestamp, (window,))
+        return pvalue.TaggedOutput(item.tag,
+                                   WindowedValue(item.value, timestamp, (window,), pane))
+    return WindowedValue(item, timestamp, (window,), pane)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -192,3 +193,66 @@ def test_helpers_forked_from_a_process_with_grpc_threads_do_each_batch_once() ->
             assert result in (sum(batch), None)
         undone = sum(result is None for _, _, result in found["done"])
         assert len(found["failures"]) == undone, (n, found)
+
+
+def test_a_helper_that_cannot_be_forked_leaves_the_batch_undone_and_the_others_serve(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process or file limit (EAGAIN, EMFILE) at the fork: the batch comes back undone,
+    or the helpers forked before it serve; nothing is left behind."""
+    fork, forks = os.fork, []
+
+    def limited(allowed: int) -> Any:
+        def fork_or_fail() -> int:
+            forks.append(1)
+            if len(forks) > allowed:
+                raise BlockingIOError(11, "Resource temporarily unavailable")
+            return fork()
+        return fork_or_fail
+
+    monkeypatch.setattr(os, "fork", limited(1))
+    helpers: Helpers[list[int], tuple[int, int]] = Helpers(_pid_and_sum, 3)
+    helpers.submit([4, 5])
+    ((_, _, result),) = helpers.finished(wait=True)
+    assert result is not None and result[1] == 9
+    assert helpers.failures == ["a helper could not be started: [Errno 11] Resource "
+                                "temporarily unavailable"]
+    helpers.close()
+    assert _gone(result[0])
+    forks.clear()
+    monkeypatch.setattr(os, "fork", limited(0))
+    none: Helpers[list[int], tuple[int, int]] = Helpers(_pid_and_sum, 2)
+    none.submit([1], keep="k")
+    assert none.finished(wait=True) == [("k", [1], None)]
+    assert not none.idle() and none.holding == 0
+    none.close()
+
+
+_ORPHAN_PROBE = """
+import os, signal, sys
+from fanin.transforms.forked_helpers import Helpers
+
+def wait_for_a_signal(batch):
+    signal.pause()
+
+helpers = Helpers(wait_for_a_signal, 1)
+helpers.submit([1])
+print(helpers._all[0].pid, flush=True)
+signal.pause()
+"""
+
+
+def test_a_helper_dies_with_its_parent_even_at_work() -> None:
+    """SIGTERM or a second Ctrl-C kills the parent without its teardown: the helper, busy
+    with a batch, must not run on as an orphan."""
+    parent = subprocess.Popen([sys.executable, "-c", _ORPHAN_PROBE], stdout=subprocess.PIPE,
+                              text=True, env=same_code_env())
+    assert parent.stdout is not None
+    helper = int(parent.stdout.readline())
+    watch = os.pidfd_open(helper)
+    try:
+        parent.kill()
+        parent.wait(timeout=60)
+        ready, _, _ = select.select([watch], [], [], 30)  # readable once the helper exits
+        assert ready, "the helper outlived its parent"
+    finally:
+        os.close(watch)

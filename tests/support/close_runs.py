@@ -5,7 +5,8 @@ depend on). Prints one JSON line: each output file's SHA-256 by kind and name, t
 counters, the sizes of the batches sent to helpers and of those returned undone, and the
 helpers' failures.
 
-SETTINGS (JSON): ``input``, ``output``, ``processes``; optional ``config`` (more
+SETTINGS (JSON): ``input``, ``output``, ``processes``; optional ``contracts`` (a path; the
+bundled ones by default), ``config`` (more
 ``RunConfig`` fields), ``batch`` (``_BATCH_JOINS``, ``_BATCH_BYTES``, ``_SENT_BYTES``
 overrides) and ``fail`` (``{"die_on": n, "raise_on": n}``: a helper exits on its n-th batch,
 or raises on it; each helper counts its own batches).
@@ -73,7 +74,7 @@ def main(settings: dict[str, Any]) -> dict[str, Any]:
     seen = _spied()
     out = Path(settings["output"])
     result = run_pipeline(RunConfig(output=str(out), inputs=[settings["input"]],
-                                    contracts_path=CONTRACTS_PATH,
+                                    contracts_path=settings.get("contracts", CONTRACTS_PATH),
                                     close_processes=settings["processes"],
                                     **settings.get("config", {})), ["--runner=FnApiRunner"])
     found = result.metrics().query(MetricsFilter().with_namespace("fanin"))
