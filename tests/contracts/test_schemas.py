@@ -8,6 +8,7 @@ from typing import Any
 
 import jsonschema
 import pytest
+from support.builders import nested, stack_hungry_schema
 
 from fanin.contracts.schemas import check_schema, first_error, validator_for
 
@@ -153,29 +154,16 @@ def test_a_violation_s_detail_is_the_validator_s_message_cut_at_500_characters()
     assert first_error(validator, "xy") == "'xy' is too long"
 
 
-def _nested(depth: int) -> Any:
-    value: Any = 1
-    for _ in range(depth):
-        value = [value]
-    return value
-
-
 def test_a_values_check_gives_the_same_answer_at_any_depth_of_its_caller() -> None:
     """A check that runs out of stack is a violation of its own; whether it does may not
     depend on how deep its caller is (a join decided in the close step, at its bundle's end,
     or in a forked helper gave different closes)."""
-    layer: dict[str, Any] = {"$ref": "#/$defs/n"}
-    for i in range(8):
-        layer = {"allOf": [layer]} if i % 2 == 0 else {"anyOf": [layer]}
-    schema = {"$defs": {"n": {"anyOf": [{"type": "number"},
-                                        {"type": "array", "items": layer}]}},
-              "$ref": "#/$defs/n"}
-    validator = validator_for(schema)
+    validator = validator_for(stack_hungry_schema())
 
     def at(depth: int, value: Any) -> str | None:
         return at(depth - 1, value) if depth else first_error(validator, value)
 
-    answers = {n: {at(depth, _nested(n)) for depth in (5, 200, 400)} for n in range(20, 64, 4)}
+    answers = {n: {at(depth, nested(n)) for depth in (5, 200, 400)} for n in range(20, 64, 4)}
     assert all(len(found) == 1 for found in answers.values()), answers
     assert answers[20] == {None}
     assert answers[60] == {"the schema refers to itself without end on this value"}

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
+from support.builders import nested, stack_hungry_schema
 from support.child_env import same_code_env
 
 from fanin.cli import main
@@ -90,21 +91,14 @@ def test_a_schema_check_deep_in_the_stack_gives_the_same_closes_in_a_helper(
     """A value whose check nearly exhausts Python's stack: a helper runs it deeper in its
     stack (it was forked from inside the close step) and gave timeouts where one process
     gave complete closes."""
-    layer: dict[str, Any] = {"$ref": "#/$defs/n"}
-    for i in range(8):
-        layer = {"allOf": [layer]} if i % 2 == 0 else {"anyOf": [layer]}
-    schema = {"$defs": {"n": {"anyOf": [{"type": "number"},
-                                        {"type": "array", "items": layer}]}},
-              "$ref": "#/$defs/n"}
+    schema = stack_hungry_schema()
     contracts = tmp_path / "deep.yaml"
     contracts.write_text("contracts:\n  - name: deep\n    required: [v]\n    schemas:\n"
                          f"      v: {json.dumps(schema)}\n", encoding="utf-8")
     traffic = tmp_path / "deep.jsonl"
     lines = []
     for n in range(300):
-        value: Any = 1
-        for _ in range(30 + n % 20):  # some pass, some run out of stack
-            value = [value]
+        value = nested(30 + n % 20)  # some pass, some run out of stack
         lines.append(json.dumps({"kind": "open", "join_id": f"d-{n}", "contract": "deep",
                                  "opened_at": "2026-01-01T00:00:00Z"}))
         lines.append(json.dumps({"join_id": f"d-{n}", "branch": "v", "status": "ok",

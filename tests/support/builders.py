@@ -9,8 +9,8 @@ from fanin.contracts.catalog import Catalog, JoinDefaults, parse_contracts
 from fanin.contracts.parsing import parse_message
 from fanin.contracts.records import Record
 
-__all__ = ["BASE", "CONTRACTS_YAML", "make_catalog", "open_msg", "receipt", "record", "records",
-           "ts"]
+__all__ = ["BASE", "CONTRACTS_YAML", "make_catalog", "nested", "open_msg", "receipt", "record",
+           "records", "stack_hungry_schema", "ts"]
 
 CONTRACTS_YAML = """
 contracts:
@@ -76,3 +76,22 @@ def record(message: dict[str, Any], catalog: Catalog | None = None, line: int = 
 
 def records(messages: list[dict[str, Any]], catalog: Catalog | None = None) -> list[Record]:
     return [record(m, catalog, i) for i, m in enumerate(messages)]
+
+
+def stack_hungry_schema() -> dict[str, Any]:
+    """A number, or an array of these, through a ``$ref`` wrapped in eight ``allOf``/``anyOf``
+    layers: checking a value nested N arrays deep takes Python frames in proportion to N
+    (~40 deep runs out of a 1,000-frame stack)."""
+    layer: dict[str, Any] = {"$ref": "#/$defs/n"}
+    for i in range(8):
+        layer = {"allOf": [layer]} if i % 2 == 0 else {"anyOf": [layer]}
+    return {"$defs": {"n": {"anyOf": [{"type": "number"}, {"type": "array", "items": layer}]}},
+            "$ref": "#/$defs/n"}
+
+
+def nested(depth: int) -> Any:
+    """``1`` inside ``depth`` arrays."""
+    value: Any = 1
+    for _ in range(depth):
+        value = [value]
+    return value
