@@ -9,17 +9,19 @@ all of those sent); ``close`` ends the helpers.
 
 Guarantees:
 - Every batch submitted comes back from ``finished`` exactly once, with ``work(batch)`` as
-  the helper computed it, or with ``None`` when the helper failed (``work`` raised, or the
-  helper died or closed its end) or ``marshal`` refused the batch: the caller then does that
-  batch itself, so each batch is done exactly once, here or there. A helper that failed
-  takes no batch again; why it failed (what it raised, the signal that killed it) is in
-  ``failures``, for the caller to report.
+  the helper computed it, or with ``None`` when no helper could be forked, the helper failed
+  (``work`` raised, the helper died or closed its end, or it did not answer within
+  ``patience_s`` when waited for: it is killed) or ``marshal`` refused the batch: the caller
+  then does that batch itself, so each batch is done exactly once, here or there. A helper
+  that failed takes no batch again; why it failed (what it raised, the signal that killed
+  it) is in ``failures``, for the caller to report.
 - A helper runs nothing of its parent after the fork but ``work``: it closes the files and
   folders it inherits but 0-2 (so no lock of its parent's files outlives the parent's own
   release; sockets and pipes stay: a library's threads that the fork restarts use them),
-  leaves through ``os._exit`` whatever happens, ignores SIGINT (Ctrl-C
-  reaches the whole process group, and the parent decides what it means), and exits once
-  its parent closes its end (``close``, or the parent's exit, whatever ends it).
+  leaves through ``os._exit`` whatever happens, ignores SIGINT (Ctrl-C reaches the whole
+  process group, and the parent decides what it means), exits once its parent closes its
+  end, and on Linux is killed when its parent dies, however it dies. ``close`` kills a
+  helper at work (its batch is dropped) and reaps every helper forked.
 - Batches and results travel over a socket pair per helper, in ``marshal``'s format (both
   ends are one interpreter; it takes plain data, ~2x faster than pickle for the close step's
   dicts): a result ``marshal`` refuses fails its batch, which the caller then does itself. A
