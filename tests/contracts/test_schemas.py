@@ -167,3 +167,32 @@ def test_a_values_check_gives_the_same_answer_at_any_depth_of_its_caller() -> No
     assert all(len(found) == 1 for found in answers.values()), answers
     assert answers[20] == {None}
     assert answers[60] == {"the schema refers to itself without end on this value"}
+
+
+def test_a_check_out_of_stack_inside_a_rust_extension_is_a_violation() -> None:
+    """``referencing`` keeps references in ``rpds`` maps: a ``RecursionError`` in a key's
+    ``__eq__`` there comes back as pyo3's PanicException (a BaseException), which failed a
+    contracts file's check in CI instead of refusing the file in one line."""
+    rpds = pytest.importorskip("rpds")
+
+    class OutOfStack:
+        def __hash__(self) -> int:
+            return 1
+
+        def __eq__(self, other: object) -> bool:
+            raise RecursionError("maximum recursion depth exceeded")
+
+    class PanicsInRpds:
+        def iter_errors(self, value: Any) -> Any:
+            rpds.HashTrieMap({OutOfStack(): 1}).get(OutOfStack())
+            return iter(())
+
+    assert first_error(PanicsInRpds(), 0) == "the schema refers to itself without end on " \
+        "this value"
+
+    class Interrupted:
+        def iter_errors(self, value: Any) -> Any:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        first_error(Interrupted(), 0)
