@@ -274,7 +274,7 @@ def _check_before_run(config: RunConfig, options: PipelineOptions, runner: str) 
         from fanin.io.bigquery import check_credentials
 
         check_credentials()
-    check_local_workers(options, config, runner)
+    check_local_workers(options, runner, config.streaming)
     if config.streaming and not runner.endswith("DataflowRunner"):
         if config.id_label:  # offline, so before asking Pub/Sub
             raise ConfigError(f"--id-label needs the Dataflow runner; {runner} does not "

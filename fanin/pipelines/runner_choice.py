@@ -1,4 +1,5 @@
-"""Which runner a run uses, and how its streaming writes fire there.
+"""Which runner a run uses, how its streaming writes fire there, and how many processes
+decide a bounded run's joins on it.
 
 Guarantees:
 - ``choose_runner`` always names a runner explicitly, so no run tries to download Prism:
@@ -7,6 +8,9 @@ Guarantees:
   when it splits a bundle, apache/beam#35771; docs/runners.md).
 - ``check_runner_class`` refuses (``ConfigError``, one line) a ``--runner`` module path that
   does not import or names no runner class, before Beam would import it with a traceback.
+- ``close_processes`` is more than 1 only on ``FnApiRunner`` with one in-memory worker, for
+  bounded input, where processes fork; ``check_close_processes`` refuses
+  ``--close-processes`` anywhere else.
 """
 
 from __future__ import annotations
@@ -89,7 +93,7 @@ _IN_PROCESS_RUNNERS = ("DirectRunner", "BundleBasedDirectRunner", "SwitchingDire
                        "FnApiRunner")
 
 
-def check_local_workers(options: PipelineOptions, config: RunConfig, runner: str) -> None:
+def check_local_workers(options: PipelineOptions, runner: str, streaming: bool) -> None:
     """``--direct_num_workers`` is 1 or more, or 0 (a worker per core), and is not given to a
     stream on Beam's in-process runners, which run it on one worker whatever it says (else
     ``ConfigError``)."""
@@ -97,7 +101,7 @@ def check_local_workers(options: PipelineOptions, config: RunConfig, runner: str
     if (workers or 0) < 0:
         raise ConfigError("--direct_num_workers must be 1 or more (0: as many as the machine "
                           "has cores)")
-    if workers not in (None, 1) and config.streaming and runner in _IN_PROCESS_RUNNERS:
+    if workers not in (None, 1) and streaming and runner in _IN_PROCESS_RUNNERS:
         raise ConfigError(f"--direct_num_workers={workers} applies to bounded runs "
                           f"(FnApiRunner); a stream on {runner} runs one worker and would "
                           "ignore it")
