@@ -120,8 +120,8 @@ def check_close_processes(options: PipelineOptions, config: RunConfig, runner: s
                           "fork")
 
 
-# --close-processes when not given: the cores this process may use, at most this many (the
-# close step's dispatch to helpers keeps about four busy; measured in docs/performance.md)
+# --close-processes when not given: the cores this process may use, at most this many (each
+# helper is a forked copy of the run's memory; measured on 2 cores only, docs/performance.md)
 AUTO_CLOSE_PROCESSES = 4
 
 

@@ -99,7 +99,8 @@ def _close_files() -> None:
     for fd in fds:
         if fd > 2:
             with contextlib.suppress(OSError):  # the listing's own, or not open
-                if stat.S_ISREG(os.fstat(fd).st_mode) or stat.S_ISDIR(os.fstat(fd).st_mode):
+                mode = os.fstat(fd).st_mode
+                if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
                     os.close(fd)
 
 
@@ -215,10 +216,10 @@ class Helpers(Generic[_B, _T]):
         if count < 1 or not patience_s > 0:
             raise ValueError("count must be >= 1 and patience_s > 0")
         self._work, self._count, self._patience_s = work, count, patience_s
-        self._sent_at: dict[int, float] = {}  # by socket fd: when its batch was sent
         self._all: list[_Helper] = []  # every helper forked
         self._free: list[_Helper] = []
-        self._held: dict[int, tuple[_Helper, Any, _B]] = {}  # by socket fd: a batch sent
+        # by socket fd: the helper at work, its batch's ``keep`` and batch, when it was sent
+        self._held: dict[int, tuple[_Helper, Any, _B, float]] = {}
         self._refused: list[tuple[Any, _B, _T | None]] = []  # batches marshal refused
         self.failures: list[str] = []  # why each failed helper failed, the caller's to report
         self._poll: select.poll | None = None
@@ -255,8 +256,7 @@ class Helpers(Generic[_B, _T]):
         helper = self._free.pop()
         with contextlib.suppress(OSError):  # it died: ``finished`` returns the batch undone
             _send(helper.sock, payload)
-        self._held[helper.sock.fileno()] = (helper, keep, batch)
-        self._sent_at[helper.sock.fileno()] = time.monotonic()
+        self._held[helper.sock.fileno()] = (helper, keep, batch, time.monotonic())
         self._poll.register(helper.sock, select.POLLIN)
 
     def _fork(self) -> None:
@@ -281,7 +281,8 @@ class Helpers(Generic[_B, _T]):
         while self._held and self._poll is not None:
             timeout_ms = 0
             if wait:
-                due = min(self._sent_at.values()) + self._patience_s - time.monotonic()
+                due = min(sent for *_, sent in self._held.values()) + self._patience_s \
+                    - time.monotonic()
                 timeout_ms = max(0, math.ceil(due * 1000))
             ready = self._poll.poll(timeout_ms)
             if not ready and wait:
@@ -295,10 +296,10 @@ class Helpers(Generic[_B, _T]):
 
     def _taken(self, fd: int) -> tuple[_Helper, Any, _B]:
         """The helper on ``fd``, and its batch, no longer held."""
-        del self._sent_at[fd]
         if self._poll is not None:
             self._poll.unregister(fd)
-        return self._held.pop(fd)
+        helper, keep, batch, _ = self._held.pop(fd)
+        return helper, keep, batch
 
     def _answer(self, fd: int) -> tuple[Any, _B, _T | None]:
         helper, keep, batch = self._taken(fd)
@@ -307,7 +308,8 @@ class Helpers(Generic[_B, _T]):
     def _kill_overdue(self, done: list[tuple[Any, _B, _T | None]]) -> None:
         """Kill every helper past its patience; its batch is returned undone."""
         now = time.monotonic()
-        for fd in [fd for fd, at in self._sent_at.items() if now - at >= self._patience_s]:
+        for fd in [fd for fd, (*_, sent) in self._held.items()
+                   if now - sent >= self._patience_s]:
             helper, keep, batch = self._taken(fd)
             helper.kill()
             helper.end()
@@ -336,4 +338,3 @@ class Helpers(Generic[_B, _T]):
                 helper.kill()
             helper.end()
         self._all, self._free, self._held, self._refused, self._poll = [], [], {}, [], None
-        self._sent_at = {}

@@ -80,6 +80,11 @@ class CloseGroups(_Counting):
         self._catalog = catalog
         self._processes = processes
         self._helpers: Helpers[list[tuple[str, list[bytes]]], Any] | None = None  # setup's
+        # the batch being made for a helper: its joins, and each one's timestamp, window and
+        # pane (its outputs' when emitted later), and its messages' bytes
+        self._batch: list[tuple[str, list[bytes]]] = []
+        self._where: list[tuple[Any, Any, Any]] = []
+        self._batch_bytes = 0
         self._contracts = frozenset(catalog.contracts)
         self._max_messages = max_messages
         self._max_bytes = max_bytes
@@ -190,10 +195,7 @@ class CloseGroups(_Counting):
 
     def start_bundle(self) -> None:
         super().start_bundle()
-        self._batch: list[tuple[str, list[bytes]]] = []
-        # each batched join's timestamp, window and pane: its outputs' when emitted later
-        self._where: list[tuple[Any, Any, Any]] = []
-        self._batch_bytes = 0
+        self._take_batch()
         self._parsed_here = 0
         if self._helpers is not None and self._helpers.holding:  # a failed bundle's batches
             self._helpers.close()
@@ -204,8 +206,7 @@ class CloseGroups(_Counting):
         helpers = self._helpers
         if helpers is not None:
             yield from self._helped(helpers.finished())
-            batch, where = self._batch, self._where
-            self._batch, self._where, self._batch_bytes = [], [], 0
+            batch, where = self._take_batch()
             if len(batch) > 1 and helpers.forked and helpers.idle():
                 half = len(batch) // 2
                 helpers.submit(batch[:half], where[:half])
@@ -216,8 +217,14 @@ class CloseGroups(_Counting):
         super().finish_bundle()
 
     def _send(self, helpers: Helpers[list[tuple[str, list[bytes]]], Any]) -> None:
-        helpers.submit(self._batch, self._where)
+        helpers.submit(*self._take_batch())
+
+    def _take_batch(self) -> tuple[list[tuple[str, list[bytes]]], list[tuple[Any, Any, Any]]]:
+        """The batch being made (its joins, and where each one's outputs go) and an empty one
+        in its place."""
+        taken = self._batch, self._where
         self._batch, self._where, self._batch_bytes = [], [], 0
+        return taken
 
     def _decided(self, batch: list[tuple[str, list[bytes]]]) -> tuple[list[list[Output]], int]:
         """What a helper does with a batch: each join's outputs, and the records parsed."""
@@ -241,15 +248,20 @@ class CloseGroups(_Counting):
             outputs, parsed = result
             self._parsed_here += parsed
             for place, joins in zip(where, outputs, strict=True):
-                for item in self._emit(joins):
-                    yield _placed(item, *place)
+                yield from self._emitted_at(joins, place)
 
     def _here(self, batch: list[tuple[str, list[bytes]]], where: list[tuple[Any, Any, Any]]
               ) -> Iterator[Any]:
         """A batch decided here, each join's outputs at its timestamp, window and pane."""
         for (join_id, grouped), place in zip(batch, where, strict=True):
-            for item in self._emit(self._outputs(join_id, grouped)):
-                yield _placed(item, *place)
+            yield from self._emitted_at(self._outputs(join_id, grouped), place)
+
+    def _emitted_at(self, outputs: Iterable[Output], place: tuple[Any, Any, Any]
+                    ) -> Iterator[Any]:
+        """``outputs`` emitted (``_emit``) outside their join's ``process`` call, at its
+        timestamp, window and pane (``place``)."""
+        for item in self._emit(outputs):
+            yield _placed(item, *place)
 
 
 def _placed(item: Any, timestamp: Any, window: Any, pane: Any) -> Any:
