@@ -70,14 +70,16 @@ def _write_inputs(lines: list[str], folder: Path, contracts_yaml: str) -> tuple[
     return data, contracts
 
 
-def bounded_run(lines: list[str], folder: Path, contracts_yaml: str, env: Env) -> Outputs:
-    """``fanin run`` on a file (FnApiRunner)."""
+def bounded_run(lines: list[str], folder: Path, contracts_yaml: str, env: Env,
+                close_processes: int | None = None) -> Outputs:
+    """``fanin run`` on a file (FnApiRunner), with ``--close-processes`` if given."""
     data, contracts = _write_inputs(lines, folder, contracts_yaml)
     run_pipeline(RunConfig(output=str(folder / "out"), inputs=[str(data)],
                            contracts_path=str(contracts), defaults=_defaults(env),
                            max_messages_per_join=env.max_messages_per_join,
                            max_bytes=env.max_bytes,
-                           max_bytes_per_join=env.max_bytes_per_join), [])
+                           max_bytes_per_join=env.max_bytes_per_join,
+                           close_processes=close_processes), [])
     return read_output_dir(folder / "out")
 
 
