@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import importlib
 import io
 import logging
@@ -118,9 +119,9 @@ def _add_run(subparsers: argparse._SubParsersAction[_Parser]) -> None:
                         help="files per output (bounded, replay), per write (Pub/Sub); "
                         "1 to 1000")
     run.add_argument("--close-processes", type=int, default=None, metavar="N",
-                     help="bounded runs on the local runner: processes that decide joins, "
-                     "this one and N-1 helpers forked from it (default: the cores this "
-                     "process may use, at most 4; 1: none, 1 to 64)")
+                     help="bounded runs on the local runner: processes that key messages "
+                     "and decide joins, this one and N-1 helpers forked from it (default: "
+                     "the cores this process may use, at most 4; 1: none, 1 to 64)")
     run.add_argument("--log-closes", action=argparse.BooleanOptionalAction, default=False,
                      help="log one structured event per close (fanin.close logger; also "
                      "on Dataflow workers, one Cloud Logging entry per close)")
@@ -382,6 +383,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("fanin: interrupted", file=sys.stderr)
         return 130
+    finally:
+        if argv is None:  # fanin's own process, which ends next
+            _before_exit()
+
+
+def _before_exit() -> None:
+    """Collect the garbage once, then freeze what is left (``gc.freeze``): the interpreter's
+    teardown then runs every finalizer and ``atexit`` function as before, but its collector
+    never walks the objects of the run again (with Beam imported, that walk took ~0.25 s of
+    every run's end, docs/performance.md)."""
+    gc.collect()
+    gc.freeze()
 
 
 def _main(argv: Sequence[str] | None) -> int:

@@ -150,6 +150,7 @@ def build(p: beam.Pipeline, config: RunConfig, catalog: Catalog,
     """Add the whole job to ``p``; returns the joined outputs by name (for tests): the dead
     letters of a bounded run without BigQuery are a tuple, those of the join and of the
     parse. ``drain`` stops a Pub/Sub read on the local runner (``fanin.io.pubsub_drain``)."""
+    processes = close_processes(p.options, config, type(p.runner).__name__)
     if config.replay:
         paths = expand_inputs(config.inputs)
         lines = by_event_time([numbered_lines(path, config.max_bytes) for path in paths],
@@ -168,18 +169,18 @@ def build(p: beam.Pipeline, config: RunConfig, catalog: Catalog,
                 subscription=config.subscription, topic=config.topic, id_label=config.id_label,
                 drain=drain, stale_after_ms=replay_horizon_ms(catalog))
         input_end_ms = None
+        contracts = frozenset(catalog.contracts)
         # the bounded plan shuffles raw messages, parsed after the shuffle (KeyMessages)
-        parse = ParseMessages if config.streaming else KeyMessages
-        parsed = raw | "Parse" >> parse(frozenset(catalog.contracts), config.max_bytes)
+        parsed = raw | "Parse" >> (
+            ParseMessages(contracts, config.max_bytes) if config.streaming
+            else KeyMessages(contracts, config.max_bytes, processes))
     joined = parsed.records | "Join" >> JoinRecords(catalog, config.streaming,
                                                     config.max_messages_per_join,
                                                     config.max_bytes_per_join,
                                                     log_closes=config.log_closes,
                                                     max_message_bytes=config.max_bytes,
                                                     input_end_ms=input_end_ms,
-                                                    close_processes=close_processes(
-                                                        p.options, config,
-                                                        type(p.runner).__name__))
+                                                    close_processes=processes)
     dead_letters = (joined[DEAD_LETTER], parsed[DEAD_LETTER])
     if config.streaming or config.bigquery_dataset:  # sinks that take one PCollection
         dead_letters = dead_letters | "MergeDeadLetters" >> beam.Flatten()

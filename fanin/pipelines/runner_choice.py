@@ -133,8 +133,9 @@ def _one_local_worker(options: PipelineOptions, config: RunConfig, runner: str) 
 
 
 def close_processes(options: PipelineOptions, config: RunConfig, runner: str) -> int:
-    """How many processes decide a bounded run's joins (the close step and its forked
-    helpers, ``fanin.transforms.join_bounded``): on Beam's in-process bounded runner with one
+    """How many processes key a bounded run's messages and decide its joins (the key and
+    close steps and their forked helpers, ``fanin.transforms.parse``,
+    ``fanin.transforms.join_bounded``): on Beam's in-process bounded runner with one
     worker, ``--close-processes``, by default the cores this process may use up to
     ``AUTO_CLOSE_PROCESSES``; 1 anywhere else (a stream, and runners that run workers of their
     own, which use their cores themselves). Not given, it is 1 off Linux (macOS's system

@@ -1,6 +1,6 @@
 """Helper processes forked from this one, each applying one function to the batches it is
-sent: how the bounded close step uses more than one core on the local in-process runner
-(``fanin.transforms.join_bounded``). No Beam import.
+sent: how the bounded key and close steps use more than one core on the local in-process
+runner (``fanin.transforms.parse``, ``fanin.transforms.join_bounded``). No Beam import.
 
 Lifecycle: ``Helpers(work, count)`` forks nothing; the first ``submit`` forks the helpers
 (a small input, decided before a batch fills, never forks). ``idle`` says whether a helper
@@ -15,7 +15,9 @@ Guarantees:
   then does that batch itself, so each batch is done exactly once, here or there. A helper
   that failed takes no batch again; why it failed (what it raised, the signal that killed
   it) is in ``failures``, for the caller to report.
-- A helper runs nothing of its parent after the fork but ``work``: it closes the files and
+- A helper runs nothing of its parent after the fork but ``work``: it closes its copies of
+  every helper's parent end (those of other ``Helpers`` too: a helper exits once its
+  parent closes its end, which it sees only when no copy is open), and the files and
   folders it inherits but 0-2 (so no lock of its parent's files outlives the parent's own
   release; sockets and pipes stay: a library's threads that the fork restarts use them),
   leaves through ``os._exit`` whatever happens, ignores SIGINT (Ctrl-C reaches the whole
@@ -144,13 +146,19 @@ def _serve(sock: socket.socket, work: Callable[[_B], _T]) -> None:
         _send(sock, _DONE, result)
 
 
+# The parent's end of every helper's socket this process holds, of every ``Helpers``: a
+# helper closes its copies, so that each helper sees its parent's end close (its signal to
+# exit) once the parent closes it, whichever helpers were forked later
+_PARENT_ENDS: set[socket.socket] = set()
+
+
 class _Helper:
     """One forked process and the parent's end of its socket."""
 
     sock: socket.socket
     pid: int
 
-    def __init__(self, work: Callable[[_B], _T], siblings: list[_Helper]) -> None:
+    def __init__(self, work: Callable[[_B], _T]) -> None:
         parent, child = socket.socketpair()
         with warnings.catch_warnings():
             # Python 3.12 warns of a fork while threads run (a lock one of them holds stays
@@ -171,10 +179,10 @@ class _Helper:
                 _die_with(parent_pid)
                 gc.freeze()
                 signal.signal(signal.SIGINT, signal.SIG_IGN)
-                # the other helpers' ends (a helper sees its parent's end close only once no
-                # copy is open), and its parent's files, whose locks (the output folder's
+                # every helper's parent end (a helper sees its parent's end close only once
+                # no copy is open), and its parent's files, whose locks (the output folder's
                 # flock) must end with the parent's own release
-                for end in (parent, *(sibling.sock for sibling in siblings)):
+                for end in (parent, *_PARENT_ENDS):
                     end.close()
                 _close_files()
                 _serve(child, work)
@@ -185,6 +193,7 @@ class _Helper:
             finally:
                 os._exit(code)
         child.close()
+        _PARENT_ENDS.add(parent)
         self.sock, self.pid = parent, pid
         self.ended = False
 
@@ -200,6 +209,7 @@ class _Helper:
         if self.ended:
             return None
         self.ended = True
+        _PARENT_ENDS.discard(self.sock)
         self.sock.close()
         try:
             return os.waitpid(self.pid, 0)[1]
@@ -264,7 +274,7 @@ class Helpers(Generic[_B, _T]):
         the helpers forked so far serve."""
         for _ in range(self._count):
             try:
-                helper = _Helper(self._work, self._all)
+                helper = _Helper(self._work)
             except OSError as exc:
                 self.failures.append(f"a helper could not be started: {exc}")
                 return

@@ -83,7 +83,7 @@ class CloseGroups(_Counting):
         # the batch being made for a helper: its joins, and each one's timestamp, window and
         # pane (its outputs' when emitted later), and its messages' bytes
         self._batch: list[tuple[str, list[bytes]]] = []
-        self._where: list[tuple[Any, Any, Any]] = []
+        self._where: list[WindowedValue] = []
         self._batch_bytes = 0
         self._contracts = frozenset(catalog.contracts)
         self._max_messages = max_messages
@@ -126,9 +126,7 @@ class CloseGroups(_Counting):
                 yield None, (DEAD_LETTER, letter)
 
     def process(self, element: tuple[str, Iterable[bytes]],
-                timestamp: Any = beam.DoFn.TimestampParam,
-                window: Any = beam.DoFn.WindowParam,
-                pane: Any = beam.DoFn.PaneInfoParam) -> Iterator[Any]:
+                where: Any = beam.DoFn.WindowedValueParam) -> Iterator[Any]:
         """The per-join limit (docs/spec.md §4): a join holds its first ``max_messages``
         records in arrival order (bounded input: event time, opens first, then the text), and
         no more than ``max_bytes`` of messages (the first record that does not fit ends it).
@@ -151,7 +149,7 @@ class CloseGroups(_Counting):
                 size = sum(map(len, values))
                 if len(values) <= self._SENT_VALUES and size <= self._SENT_BYTES:
                     self._batch.append((join_id, values))
-                    self._where.append((timestamp, window, pane))
+                    self._where.append(where.with_value(None))  # not its messages
                     self._batch_bytes += size
                     return
         yield from self._emit(self._outputs(join_id, grouped))
@@ -219,7 +217,7 @@ class CloseGroups(_Counting):
     def _send(self, helpers: Helpers[list[tuple[str, list[bytes]]], Any]) -> None:
         helpers.submit(*self._take_batch())
 
-    def _take_batch(self) -> tuple[list[tuple[str, list[bytes]]], list[tuple[Any, Any, Any]]]:
+    def _take_batch(self) -> tuple[list[tuple[str, list[bytes]]], list[WindowedValue]]:
         """The batch being made (its joins, and where each one's outputs go) and an empty one
         in its place."""
         taken = self._batch, self._where
@@ -250,24 +248,24 @@ class CloseGroups(_Counting):
             for place, joins in zip(where, outputs, strict=True):
                 yield from self._emitted_at(joins, place)
 
-    def _here(self, batch: list[tuple[str, list[bytes]]], where: list[tuple[Any, Any, Any]]
+    def _here(self, batch: list[tuple[str, list[bytes]]], where: list[WindowedValue]
               ) -> Iterator[Any]:
         """A batch decided here, each join's outputs at its timestamp, window and pane."""
         for (join_id, grouped), place in zip(batch, where, strict=True):
             yield from self._emitted_at(self._outputs(join_id, grouped), place)
 
-    def _emitted_at(self, outputs: Iterable[Output], place: tuple[Any, Any, Any]
+    def _emitted_at(self, outputs: Iterable[Output], place: WindowedValue
                     ) -> Iterator[Any]:
         """``outputs`` emitted (``_emit``) outside their join's ``process`` call, at its
         timestamp, window and pane (``place``)."""
         for item in self._emit(outputs):
-            yield _placed(item, *place)
+            yield _placed(item, place)
 
 
-def _placed(item: Any, timestamp: Any, window: Any, pane: Any) -> Any:
-    """An output emitted outside its join's ``process`` call, at that join's timestamp, window
-    and pane."""
+def _placed(item: Any, place: WindowedValue) -> Any:
+    """An output emitted outside its join's ``process`` call, at that join's timestamp,
+    windows and pane (``place``: the join's windowed value)."""
     if isinstance(item, pvalue.TaggedOutput):
         return pvalue.TaggedOutput(item.tag,
-                                   WindowedValue(item.value, timestamp, (window,), pane))
-    return WindowedValue(item, timestamp, (window,), pane)
+                                   place.with_value(item.value))
+    return place.with_value(item)

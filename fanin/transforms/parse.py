@@ -6,13 +6,14 @@ Guarantees:
   either ``(join_id, record)`` on the main output or one dead-letter dict on ``DEAD_LETTER``
   (``ParseFn``; a replay's stream parses its lines with it as it reads them,
   ``fanin.transforms.replay``).
-- ``KeyMessages`` (the bounded plan, global window): every input element ``(line bytes,
-  (path, line number))`` (``ReadNumberedLines``) leaves exactly once: packed with its source
-  (``PackedMessages``, which gives both back exactly) into a ``(join_id, packed messages)``
-  value of the main output, keyed by its join_id (``read_join_id``, or the record's when only
-  a full parse can tell), or as one dead-letter dict. The messages of one join held together
-  (up to 10,000 messages or 32 MiB per step, and to the end of a bundle) share a value, so
-  the shuffle moves a value per join and hold, not per message (a hot join's: per message).
+- ``KeyMessages`` (the bounded plan, global window): every message ``(line bytes, (path,
+  line number))`` of an input chunk (``ReadNumberedLines``: up to 10,000 messages or 32 MiB)
+  leaves exactly once: packed with its source (``PackedMessages``, which gives both back
+  exactly) into a ``(join_id, packed messages)`` value of the main output, keyed by its
+  join_id (``read_join_id``, or the record's when only a full parse can tell), or as one
+  dead-letter dict. The messages of one join in a chunk share a value, so the shuffle moves
+  a value per join and chunk, not per message (a hot join's: per message); chunks leave in
+  the order they came, whichever process keyed them (``_KeyFn``).
   The full parse of a keyed message happens after the shuffle, in the bounded join
   (``fanin.transforms.join``): a raw message is ~5x cheaper to shuffle than its record.
 - Nothing is logged per element; dead letters are counted by error in Beam metrics
@@ -23,19 +24,21 @@ from __future__ import annotations
 
 import logging
 import struct
+from collections import deque
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import apache_beam as beam
 from apache_beam import pvalue
 from apache_beam.metrics.metric import Metrics
 from apache_beam.pvalue import PCollection
 from apache_beam.transforms.window import GlobalWindows
-from apache_beam.utils.windowed_value import WindowedValue
 
 from fanin.contracts import records as R
 from fanin.contracts.parsing import DEFAULT_MAX_BYTES, parse_message, read_join_id
 from fanin.core.outcomes import DEAD_LETTER
+from fanin.transforms.forked_helpers import Helpers
+from fanin.transforms.read import Message, is_full
 
 __all__ = ["DEAD_LETTER", "RECORDS", "RECORD_TYPE", "KeyMessages", "PackedMessages", "ParseFn",
            "ParseMessages"]
@@ -46,6 +49,9 @@ RECORD_TYPE = tuple[str, tuple[Any, ...]]
 RECORDS = "records"
 
 _LOG = logging.getLogger(__name__)
+# a chunk of messages keyed: its values ``(join_id, packed messages)`` and its dead letters
+# (``_KeyFn.keyed_chunk``)
+Keyed = tuple[list[tuple[str, bytes]], list[dict[str, Any] | None]]
 _PROGRESS_EVERY = 100_000
 
 
@@ -65,9 +71,9 @@ class _Reading(beam.DoFn):
         self._max_bytes = max_bytes
         self._seen = 0
 
-    def _note_read(self) -> None:
-        self._seen += 1
-        if self._seen % _PROGRESS_EVERY == 0:
+    def _note_read(self, messages: int = 1) -> None:
+        before, self._seen = self._seen, self._seen + messages
+        if self._seen // _PROGRESS_EVERY > before // _PROGRESS_EVERY:
             _LOG.info("fanin: %d messages read by this worker", self._seen)
 
 
@@ -149,77 +155,149 @@ class PackedMessages:
 
 
 class _KeyFn(_Reading):
-    """``(data, (path, line))`` -> ``(join_id, packed messages)`` or a tagged dead letter.
+    """A chunk of messages ``[(data, (path, line)), ...]`` (``ReadNumberedLines``) ->
+    ``(join_id, packed messages)`` values and tagged dead letters.
 
-    Parses in full only a message whose join_id ``read_join_id`` cannot tell. The messages
-    of a join held together leave as one packed value (``PackedMessages``), so the shuffle and
-    the runner's per-element work run per join and hold, not per message: fleet files keep a
-    join's messages close together (200,049 messages of 29,000 joins leave as 32,238 values).
-    When ``_HOLD_MESSAGES`` messages or ``_HOLD_BYTES`` bytes are held, all are emitted; the
-    rest at the bundle's end. A join that reaches ``_JOIN_MESSAGES`` held messages is hot:
-    they leave as a value each, as without holding (large packed values of one hot join
-    raised the 1M-message hot join's peak memory by up to 200 MB in the local runner).
-    Input is in the global window (a bounded read): values emitted at a bundle's end are in
-    it too."""
+    Each chunk is keyed as a whole (``keyed_chunk``): each message by ``read_join_id``,
+    parsed in full only when that cannot tell. A chunk's messages of one join leave as one
+    packed value (``PackedMessages``), so the shuffle and the runner's per-element work run
+    per join and chunk, not per message: fleet files keep a join's messages close together
+    (200,049 messages of 29,000 joins leave as ~32,000 values). A join that reaches
+    ``_JOIN_MESSAGES`` messages in a chunk is hot: its messages leave as a value each (large
+    packed values of one hot join raised the 1M-message hot join's peak memory by up to 200
+    MB in the local runner).
 
-    _HOLD_MESSAGES, _HOLD_BYTES, _JOIN_MESSAGES = 10_000, 32 << 20, 256
+    Helpers (``processes`` > 1: ``fanin.pipelines.runner_choice.close_processes`` asks for
+    them on Beam's in-process runner only): ``processes - 1`` processes forked from this one
+    (``fanin.transforms.forked_helpers``) key full chunks while this one reads the next; a
+    chunk that comes while every helper is busy, and a file's last (partial) chunk, are keyed
+    here, so an input of one chunk forks nothing. Chunks leave in the order they came, whoever
+    keyed them, so a join's messages reach the shuffle in the order they were read and the
+    values are the ones one process makes; a chunk whose helper fails is keyed here (logged,
+    a warning). The helpers end with the bundle. Input is in the global window (a bounded
+    read): values emitted at a bundle's end are in it too."""
 
-    def __init__(self, contract_names: frozenset[str], max_bytes: int) -> None:
+    _JOIN_MESSAGES = 256
+
+    def __init__(self, contract_names: frozenset[str], max_bytes: int,
+                 processes: int = 1) -> None:
         super().__init__(contract_names, max_bytes)
+        if processes < 1:
+            raise ValueError("processes must be >= 1")
+        self._processes = processes
         self._packing = PackedMessages()
-        self._held: dict[str, list[bytes]] = {}
-        self._held_messages = self._held_bytes = 0
+        self._helpers: Helpers[list[Message], Keyed] | None = None  # setup's
+        self._start()
 
-    def process(self, element: tuple[bytes, tuple[str, int]]) -> Iterator[Any]:
-        data, source = element
-        self._note_read()
-        join_id = read_join_id(data, self._max_bytes)
-        if join_id is None:
-            record, dead = parse_message(data, source, self._contracts, self._max_bytes)
-            if record is None:
-                yield _dead_letter(dead)
+    def _start(self) -> None:
+        """No chunk held: the chunks that came, in order, each with its keyed result once
+        known (a helper's: None until it answers), up to the first not emitted."""
+        self._chunks: deque[list[Keyed | None]] = deque()
+
+    def setup(self) -> None:
+        self._helpers = Helpers(self.keyed_chunk, self._processes - 1) \
+            if self._processes > 1 else None
+
+    def teardown(self) -> None:
+        if self._helpers is not None:
+            self._helpers.close()
+
+    def process(self, chunk: list[Message]) -> Iterator[Any]:
+        self._note_read(len(chunk))
+        helpers = self._helpers
+        slot: list[Keyed | None] = [None]
+        if helpers is not None:
+            self._answered(wait=len(self._chunks) > 2 * self._processes)
+            if helpers.idle() and is_full(chunk):
+                self._chunks.append(slot)
+                helpers.submit(chunk, slot)
+                yield from self._keyed()
                 return
-            join_id = record[R.JOIN_ID]
-        packed = self._packing.pack(data, source)
-        held = self._held.get(join_id)
-        if held is None:
-            held = self._held[join_id] = [packed]
-        else:
-            held.append(packed)
-        self._held_messages += 1
-        self._held_bytes += len(packed)
-        if len(held) >= self._JOIN_MESSAGES:  # a hot join: a value per message, as unheld
-            del self._held[join_id]
-            self._held_messages -= len(held)
-            self._held_bytes -= sum(map(len, held))
-            for one in held:
-                yield join_id, one
-        elif self._held_messages >= self._HOLD_MESSAGES or \
-                self._held_bytes >= self._HOLD_BYTES:
-            yield from self._release()
-
-    def _release(self) -> Iterator[tuple[str, bytes]]:
-        """Every held join's messages as one packed value; holds nothing after."""
-        held, self._held = self._held, {}
-        self._held_messages = self._held_bytes = 0
-        for join_id, packed in held.items():
-            yield join_id, packed[0] if len(packed) == 1 else b"".join(packed)
+        slot[0] = self.keyed_chunk(chunk)
+        self._chunks.append(slot)
+        yield from self._keyed()
 
     def start_bundle(self) -> None:
-        self._held = {}
-        self._held_messages = self._held_bytes = 0
+        self._start()
+        if self._helpers is not None and self._helpers.holding:  # a failed bundle's chunks
+            self._helpers.close()
 
-    def finish_bundle(self) -> Iterator[WindowedValue]:
-        for keyed in self._release():
-            yield GlobalWindows.windowed_value(keyed)
+    def finish_bundle(self) -> Iterator[Any]:
+        self._answered(wait=True)
+        for out in self._keyed():
+            yield _in_global(out)
+        if self._helpers is not None:  # the step's work is done: its helpers end now
+            self._helpers.close()
+
+    def keyed_chunk(self, chunk: list[Message]) -> Keyed:
+        """A chunk's messages keyed, in read order: ``(values, dead letters)``, a join's
+        messages packed into one value (a hot join's: a value each), each join's values in the
+        order of its messages."""
+        contracts, limit, pack = self._contracts, self._max_bytes, self._packing.pack
+        values: list[tuple[str, bytes]] = []
+        dead: list[dict[str, Any] | None] = []
+        held: dict[str, list[bytes] | None] = {}  # None: a hot join, its values already out
+        hot = self._JOIN_MESSAGES
+        for data, source in chunk:
+            join_id = read_join_id(data, limit)
+            if join_id is None:
+                record, letter = parse_message(data, source, contracts, limit)
+                if record is None:
+                    dead.append(letter)
+                    continue
+                join_id = record[R.JOIN_ID]
+            packed = pack(data, source)
+            if join_id not in held:
+                held[join_id] = [packed]
+                continue
+            same = held[join_id]
+            if same is None:
+                values.append((join_id, packed))
+                continue
+            same.append(packed)
+            if len(same) >= hot:
+                values.extend((join_id, one) for one in same)
+                held[join_id] = None
+        values.extend((join_id, same[0] if len(same) == 1 else b"".join(same))
+                      for join_id, same in held.items() if same is not None)
+        return values, dead
+
+    def _answered(self, wait: bool) -> None:
+        """The helpers' chunks keyed so far (``wait``: all of them) take their results (a
+        failed helper's chunk is keyed here)."""
+        helpers = self._helpers
+        if helpers is None:
+            return
+        for slot, chunk, result in helpers.finished(wait):
+            slot[0] = self.keyed_chunk(chunk) if result is None else result
+        for reason in helpers.failures:
+            _LOG.warning("fanin: a helper of the key step failed (%s); the key step keys its "
+                         "messages itself", reason)
+        helpers.failures.clear()
+
+    def _keyed(self) -> Iterator[Any]:
+        """The chunks keyed, up to the first one not keyed yet, as elements, in read
+        order."""
+        chunks = self._chunks
+        while chunks and chunks[0][0] is not None:
+            values, dead = cast(Keyed, chunks.popleft()[0])
+            for letter in dead:
+                yield _dead_letter(letter)
+            yield from values
+
+
+def _in_global(out: Any) -> Any:
+    """An element (or a tagged one) emitted at a bundle's end, in the global window."""
+    if isinstance(out, pvalue.TaggedOutput):
+        return pvalue.TaggedOutput(out.tag, GlobalWindows.windowed_value(out.value))
+    return GlobalWindows.windowed_value(out)
 
 
 class ParseMessages(beam.PTransform[PCollection[Any], pvalue.DoOutputsTuple]):
     """``(data, source)`` -> main ``(join_id, record)`` + tagged ``dead_letter`` dicts."""
 
-    # the step's label, its DoFn, and its main output's type (which gives the coder)
+    # the step's label, and its main output's type (which gives the coder)
     _step: str = "Validate"
-    _fn: type[_Reading] = ParseFn
     _keyed: Any = RECORD_TYPE
 
     def __init__(self, contract_names: frozenset[str], max_bytes: int = DEFAULT_MAX_BYTES) -> None:
@@ -229,15 +307,27 @@ class ParseMessages(beam.PTransform[PCollection[Any], pvalue.DoOutputsTuple]):
         self._contracts = frozenset(contract_names)
         self._max_bytes = max_bytes
 
+    def _dofn(self) -> _Reading:
+        return ParseFn(self._contracts, self._max_bytes)
+
     def expand(self, pcoll: PCollection[Any]) -> pvalue.DoOutputsTuple:
-        return pcoll | self._step >> beam.ParDo(
-            self._fn(self._contracts, self._max_bytes)
-        ).with_output_types(self._keyed).with_outputs(DEAD_LETTER, main=RECORDS)
+        return pcoll | self._step >> beam.ParDo(self._dofn()).with_output_types(
+            self._keyed).with_outputs(DEAD_LETTER, main=RECORDS)
 
 
 class KeyMessages(ParseMessages):
     """``(data, (path, line))`` -> main ``(join_id, packed messages)`` (``PackedMessages``) +
     tagged ``dead_letter`` dicts: the bounded plan's first half of ``ParseMessages`` (see the
-    module docstring)."""
+    module docstring); ``processes`` > 1 keys chunks in forked helpers too (``_KeyFn``)."""
 
-    _step, _fn, _keyed = "Key", _KeyFn, tuple[str, bytes]
+    _step, _keyed = "Key", tuple[str, bytes]
+
+    def __init__(self, contract_names: frozenset[str], max_bytes: int = DEFAULT_MAX_BYTES,
+                 processes: int = 1) -> None:
+        super().__init__(contract_names, max_bytes)
+        if processes < 1:
+            raise ValueError("processes must be >= 1")
+        self._processes = processes
+
+    def _dofn(self) -> _Reading:
+        return _KeyFn(self._contracts, self._max_bytes, self._processes)

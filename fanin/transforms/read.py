@@ -35,9 +35,15 @@ from fanin.contracts.lines import message_lines
 from fanin.contracts.parsing import DEFAULT_MAX_BYTES, is_utf8
 from fanin.io.inputs import check_start, input_lines
 
-__all__ = ["ReadNumberedLines", "expand_inputs", "numbered_lines"]
+__all__ = ["CHUNK_BYTES", "CHUNK_MESSAGES", "Message", "ReadNumberedLines", "expand_inputs",
+           "is_full", "numbered_chunks", "numbered_lines"]
 
 Source = tuple[str, int]
+# a message read from a file: ``(line bytes, (path, line number))``
+Message = tuple[bytes, Source]
+# A file's messages leave the read in chunks of this many, or of at least this many bytes
+# (the last one: the rest): the key step takes a chunk at a time (``is_full``)
+CHUNK_MESSAGES, CHUNK_BYTES = 10_000, 32 << 20
 
 
 def expand_inputs(patterns: Sequence[str]) -> list[str]:
@@ -97,8 +103,32 @@ def numbered_lines(path: str, max_bytes: int = DEFAULT_MAX_BYTES
             yield line, (path, number)
 
 
+def numbered_chunks(path: str, max_bytes: int = DEFAULT_MAX_BYTES
+                    ) -> Iterator[list[Message]]:
+    """``numbered_lines`` in file order, in chunks of ``CHUNK_MESSAGES`` messages or
+    ``CHUNK_BYTES`` bytes (the first limit reached ends a chunk; the last one holds the
+    rest)."""
+    chunk: list[Message] = []
+    size = 0
+    for message in numbered_lines(path, max_bytes):
+        chunk.append(message)
+        size += len(message[0])
+        if len(chunk) >= CHUNK_MESSAGES or size >= CHUNK_BYTES:
+            yield chunk
+            chunk, size = [], 0
+    if chunk:
+        yield chunk
+
+
+def is_full(chunk: list[Message]) -> bool:
+    """Whether ``chunk`` reached a limit of ``numbered_chunks`` (a file's last chunk may
+    not)."""
+    return len(chunk) >= CHUNK_MESSAGES or sum(len(data) for data, _ in chunk) >= CHUNK_BYTES
+
+
 class ReadNumberedLines(beam.PTransform[PBegin, PCollection[Any]]):
-    """Bounded read of files -> ``(line_bytes, source)``; one element per non-empty line.
+    """Bounded read of files -> chunks of ``(line_bytes, source)`` (``numbered_chunks``):
+    every non-empty line once, in file order.
     A compressed file whose start cannot be decompressed raises ``UnreadableInput`` here, when
     the job is built (``check_start``); the replay's plan reads every line when it is built."""
 
@@ -115,5 +145,5 @@ class ReadNumberedLines(beam.PTransform[PBegin, PCollection[Any]]):
         return (
             pbegin
             | "Paths" >> beam.Create(self._paths)
-            | "Lines" >> beam.FlatMap(numbered_lines, self._max_bytes)
+            | "Lines" >> beam.FlatMap(numbered_chunks, self._max_bytes)
         )

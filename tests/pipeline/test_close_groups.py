@@ -7,8 +7,13 @@ back exactly."""
 from __future__ import annotations
 
 import json
+from collections import Counter
+from typing import Any
 
+import pytest
 from apache_beam import pvalue
+from apache_beam.transforms.window import IntervalWindow
+from apache_beam.utils.windowed_value import PaneInfo, PaneInfoTiming, WindowedValue
 from support.builders import make_catalog, open_msg, receipt
 
 from fanin.contracts.parsing import parse_message
@@ -78,3 +83,60 @@ def test_a_join_split_over_several_packed_values_gives_the_same_outputs() -> Non
     together = _outputs(CloseGroups(catalog, 100), "j", [b"".join(packs[:3]), b"".join(packs[3:])])
     assert together == one_each
     assert sum(line.startswith('["closes"') for line in together) == 1
+
+
+class _InProcessHelpers:
+    """Helpers that do every batch here, answering when waited for: where the outputs of a
+    batch go is then the close step's choice alone."""
+
+    def __init__(self, work: Any) -> None:
+        self._work, self._sent = work, []  # type: ignore[var-annotated]
+        self.failures: list[str] = []
+        self.forked, self.holding = True, 0
+
+    def idle(self) -> bool:
+        return True
+
+    def submit(self, batch: Any, keep: Any = None) -> None:
+        self._sent.append((keep, batch, self._work(batch)))
+
+    def finished(self, wait: bool = False) -> list[Any]:
+        done, self._sent = (self._sent, []) if wait else ([], self._sent)
+        return done
+
+    def close(self) -> None:
+        self._sent = []
+
+
+def test_a_batched_joins_outputs_keep_its_timestamp_windows_and_pane(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(CloseGroups, "_BATCH_JOINS", 2)
+    catalog = make_catalog()
+    packing = PackedMessages()
+    step = CloseGroups(catalog, 1_000, processes=2)
+    step.setup()
+    step._helpers = _InProcessHelpers(step._decided)  # type: ignore[assignment]
+    step.start_bundle()
+    placed = {}
+    released = []
+    for n in range(5):
+        join_id = f"j{n}"
+        texts = [json.dumps(open_msg(join_id, contract="strict")),
+                 json.dumps(receipt("a", 1, join_id)), "not json"]
+        grouped = [packing.pack(text.encode(), ("f.jsonl", i)) for i, text in enumerate(texts)]
+        where = WindowedValue((join_id, grouped), 1_000 + n,
+                              (IntervalWindow(n, n + 100),),
+                              PaneInfo(n == 0, n == 4, PaneInfoTiming.LATE, n, n))
+        placed[join_id] = where
+        released += list(step.process((join_id, grouped), where=where))
+    released += list(step.finish_bundle())
+    assert len(released) == 10  # a close and a dead letter per join
+    values = [out.value if isinstance(out, pvalue.TaggedOutput) else out for out in released]
+    assert all(isinstance(value, WindowedValue) for value in values)
+    for value in values:
+        if isinstance(value.value, dict) and "reason" in value.value:  # a close: its join's
+            where = placed[value.value["join_id"]]
+            assert (value.timestamp, value.windows, value.pane_info) == \
+                (where.timestamp, where.windows, where.pane_info)
+    assert Counter((v.timestamp, v.windows, v.pane_info) for v in values) == Counter(
+        {(w.timestamp, w.windows, w.pane_info): 2 for w in placed.values()})

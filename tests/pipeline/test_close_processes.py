@@ -71,6 +71,7 @@ def test_helpers_give_the_files_and_counters_of_one_process(
     assert one["sent"] == []
     sent = three["sent"]
     assert len(sent) >= 2 and sum(sent) < 401 and not three["undone"]  # helpers decided some
+    assert three["chunks"] == []  # one chunk of messages (a file's last): keyed by the step
     if config:  # the per-join limit decided in helpers too
         assert one["counters"]["dead_letter.join_too_large"] > 100
 
@@ -121,6 +122,64 @@ def test_a_helper_that_dies_or_fails_mid_run_changes_no_output(
     assert len(failing["undone"]) == 2 and len(failing["sent"]) >= 4
     assert failing["failures"] == [reason, reason]
     warning = f"fanin: a helper of the close step failed ({reason}); the close step decides"
+    assert failing["stderr"].count(warning) == 2
+
+
+@pytest.fixture(scope="module")
+def repeated(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """60 joins, each an open and one receipt line written 5 times, the joins interleaved:
+    a join's copies are ~60 lines apart, so chunks of 25 messages split them."""
+    path = tmp_path_factory.mktemp("repeated") / "repeated.jsonl"
+    joins = [f"r-{n}" for n in range(60)]
+    lines = [json.dumps({"kind": "open", "join_id": j, "opened_at": "2026-01-01T00:00:00Z",
+                         "required": ["a"]}) for j in joins]
+    for _ in range(5):
+        lines += [json.dumps({"join_id": j, "branch": "a", "status": "ok", "value": 1,
+                              "event_time": "2026-01-01T00:00:01Z"}) for j in joins]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def _refused_lines(out: Path) -> dict[str, list[int]]:
+    """The line numbers of the ``join_too_large`` dead letters, by join."""
+    refused: dict[str, list[int]] = {}
+    for file in (out / "dead_letter").glob("*.jsonl"):
+        for line in file.read_text(encoding="utf-8").splitlines():
+            letter = json.loads(line)
+            if letter["error"] == "join_too_large":
+                join_id = json.loads(letter["raw"])["join_id"]
+                refused.setdefault(join_id, []).append(letter["source"]["line"])
+    return refused
+
+
+def test_key_helpers_keep_each_joins_messages_in_read_order(repeated: Path,
+                                                            tmp_path: Path) -> None:
+    """A join of more messages than its limit keeps its first lines (docs/spec.md §4: equal
+    messages in file order) whichever process keyed the chunks they were read in."""
+    settings = {"config": {"max_messages_per_join": 3}, "chunk": {"CHUNK_MESSAGES": 25}}
+    one = _run(repeated, tmp_path / "one", 1, **settings)
+    three = _run(repeated, tmp_path / "three", 3, **settings)
+    assert _same(three, one)
+    assert len(three["chunks"]) >= 4 and not three["chunks_undone"] and one["chunks"] == []
+    # the open and the first two copies are held; the last three copies are refused
+    refused = _refused_lines(tmp_path / "three")
+    assert sorted(refused) == sorted(f"r-{n}" for n in range(60))
+    for n in range(60):
+        assert sorted(refused[f"r-{n}"]) == [61 + n + 60 * copy for copy in (2, 3, 4)]
+
+
+@pytest.mark.parametrize("fail, reason", [({"die_on": 2}, "it exited with status 9"),
+                                          ({"raise_on": 2}, "MemoryError: injected")])
+def test_a_key_helper_that_dies_or_fails_mid_run_changes_no_output(
+        traffic: Path, tmp_path: Path, fail: dict[str, int], reason: str) -> None:
+    one = _run(traffic, tmp_path / "one", 1)
+    # each of the two key helpers fails on its second chunk (of ~15)
+    failing = _run(traffic, tmp_path / "three", 3, chunk={"CHUNK_MESSAGES": 100},
+                   fail={**fail, "step": "key"})
+    assert _same(failing, one)
+    assert failing["chunks_undone"] == [100, 100] and len(failing["chunks"]) >= 4
+    assert failing["failures"] == [reason, reason]
+    warning = f"fanin: a helper of the key step failed ({reason}); the key step keys its"
     assert failing["stderr"].count(warning) == 2
 
 

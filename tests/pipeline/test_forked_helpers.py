@@ -256,3 +256,35 @@ def test_a_helper_dies_with_its_parent_even_at_work() -> None:
         assert ready, "the helper outlived its parent"
     finally:
         os.close(watch)
+
+
+_TWO_POOLS = """
+import json, os
+from fanin.transforms.forked_helpers import Helpers
+first = Helpers(sum, 1)
+first.submit([1, 2])
+assert first.finished(wait=True)[0][2] == 3
+second = Helpers(sum, 1)  # forked while the first pool's helper lives
+second.submit([3, 4])
+assert second.finished(wait=True)[0][2] == 7
+pids = [helper.pid for helper in first._all]
+first.close()  # waits for its helper, which exits once no copy of its parent end is open
+gone = []
+for pid in pids:
+    try:
+        os.kill(pid, 0)
+        gone.append(False)
+    except ProcessLookupError:
+        gone.append(True)
+second.close()
+print(json.dumps(gone))
+"""
+
+
+def test_a_pool_closes_while_helpers_of_a_later_pool_live() -> None:
+    """The second pool's helpers hold no copy of the first pool's parent ends: the first
+    pool's helper sees its end close and exits (else ``close`` would wait on it forever)."""
+    done = subprocess.run([sys.executable, "-c", _TWO_POOLS], capture_output=True, text=True,
+                          timeout=60, env=same_code_env())
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout) == [True]

@@ -20,6 +20,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+from fanin.transforms import read
 from fanin.transforms.forked_helpers import Helpers
 from fanin.transforms.join_bounded import CloseGroups
 from spec.invariants import check_run
@@ -117,16 +118,22 @@ def test_bounded_and_watermark_replay_equal_reference(
 @given(seed=st.integers(0, 2**32 - 1), limit=st.sampled_from([100_000, 2]))
 def test_bounded_run_with_close_helpers_equals_reference(
         seed: int, limit: int, tmp_path_factory: pytest.TempPathFactory) -> None:
-    """The bounded close step's helper processes (batches of 8 joins here, so a run of 100
-    joins sends most of them to the helpers) against the reference, which shares no code."""
+    """The bounded key and close steps' helper processes (chunks of 16 messages and batches
+    of 8 joins here, so a run of 100 joins sends most of them to the helpers, and a join's
+    messages are keyed by several processes) against the reference, which shares no code:
+    the per-join limit (1-4) keeps a join's first messages in arrival order, so a chunk keyed
+    out of order changes the outputs."""
     env = Env(CONTRACTS_YAML, max_messages_per_join=limit)
     lines = batch_lines(RandomDraw(random.Random(seed)), JOINS_PER_RUN)
     folder: Path = tmp_path_factory.mktemp("helpers")
     submit = Helpers.submit
     with mock.patch.object(CloseGroups, "_BATCH_JOINS", 8), \
+            mock.patch.object(read, "CHUNK_MESSAGES", 16), \
             mock.patch.object(Helpers, "submit", autospec=True, side_effect=submit) as sent:
         found = bounded_run(lines, folder, CONTRACTS_YAML, env, close_processes=3)
-    assert sent.call_count >= 3
+    chunks = [batch for (_, batch, *_), _ in sent.call_args_list
+              if isinstance(batch[0][0], bytes)]  # the key step's: messages, not joins
+    assert len(chunks) >= 3 and sent.call_count - len(chunks) >= 3
     assert_same(lines, env, {"bounded": found})
 
 

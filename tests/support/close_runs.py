@@ -8,8 +8,13 @@ helpers' failures.
 SETTINGS (JSON): ``input``, ``output``, ``processes``; optional ``contracts`` (a path; the
 bundled ones by default), ``config`` (more
 ``RunConfig`` fields), ``batch`` (``_BATCH_JOINS``, ``_BATCH_BYTES``, ``_SENT_BYTES``
-overrides) and ``fail`` (``{"die_on": n, "raise_on": n}``: a helper exits on its n-th batch,
-or raises on it; each helper counts its own batches).
+overrides), ``chunk`` (``CHUNK_MESSAGES``, ``CHUNK_BYTES`` overrides: the read's chunks, which
+the key step's helpers take) and ``fail`` (``{"die_on": n, "raise_on": n}``: a close step's
+helper exits on its n-th batch, or raises on it; each helper counts its own batches;
+``"step": "key"``: a key step's helper, on its n-th chunk).
+
+``sent`` and ``undone`` are the close step's batches (their joins), ``chunks`` and
+``chunks_undone`` the key step's chunks (their messages).
 """
 
 from __future__ import annotations
@@ -25,24 +30,34 @@ from apache_beam.metrics.metric import MetricsFilter
 
 from fanin.fleet.simulate import CONTRACTS_PATH
 from fanin.pipelines.pipeline import RunConfig, run_pipeline
+from fanin.transforms import read
 from fanin.transforms.forked_helpers import Helpers
 from fanin.transforms.join_bounded import CloseGroups
+from fanin.transforms.parse import _KeyFn
 
 KINDS = ("closes", "late", "dead_letter")
 
 
+def _chunk(batch: Any) -> bool:
+    """Whether a batch sent to helpers is the key step's (messages: bytes first)."""
+    return isinstance(batch[0][0], bytes)
+
+
 def _spied() -> dict[str, list[Any]]:
     """Record what ``Helpers`` sends and gets back (the real methods run)."""
-    seen: dict[str, list[Any]] = {"sent": [], "undone": [], "failures": []}
+    seen: dict[str, list[Any]] = {"sent": [], "undone": [], "chunks": [], "chunks_undone": [],
+                                  "failures": []}
     submit, finished = Helpers.submit, Helpers.finished
 
     def counted(self: Helpers[Any, Any], batch: Any, keep: Any = None) -> None:
-        seen["sent"].append(len(batch))
+        seen["chunks" if _chunk(batch) else "sent"].append(len(batch))
         submit(self, batch, keep)
 
     def answered(self: Helpers[Any, Any], wait: bool = False) -> Any:
         done = finished(self, wait)
-        seen["undone"].extend(len(batch) for _, batch, result in done if result is None)
+        for _, batch, result in done:
+            if result is None:
+                seen["chunks_undone" if _chunk(batch) else "undone"].append(len(batch))
         seen["failures"].extend(self.failures)
         return done
 
@@ -51,26 +66,33 @@ def _spied() -> dict[str, list[Any]]:
     return seen
 
 
-def _failing(die_on: int | None, raise_on: int | None) -> None:
-    decided = CloseGroups._decided
+def _failing(die_on: int | None, raise_on: int | None, step: str = "close") -> None:
+    owner: Any = _KeyFn if step == "key" else CloseGroups
+    name = "keyed_chunk" if step == "key" else "_decided"
+    work = getattr(owner, name)
     calls: list[int] = []
 
-    def failing(self: CloseGroups, batch: list[tuple[str, list[bytes]]]) -> Any:
-        calls.append(1)  # in the helper's copy of this list: its own count
-        if len(calls) == die_on:
-            os._exit(9)
-        if len(calls) == raise_on:
-            raise MemoryError("injected")
-        return decided(self, batch)
+    def failing(self: Any, batch: Any) -> Any:
+        if os.getpid() != parent:  # a helper (the step itself does failed batches again)
+            calls.append(1)  # in the helper's copy of this list: its own count
+            if len(calls) == die_on:
+                os._exit(9)
+            if len(calls) == raise_on:
+                raise MemoryError("injected")
+        return work(self, batch)
 
-    CloseGroups._decided = failing  # type: ignore[method-assign]
+    parent = os.getpid()
+    setattr(owner, name, failing)
 
 
 def main(settings: dict[str, Any]) -> dict[str, Any]:
     for name, value in settings.get("batch", {}).items():
         setattr(CloseGroups, name, value)
+    for name, value in settings.get("chunk", {}).items():
+        setattr(read, name, value)
     if "fail" in settings:
-        _failing(settings["fail"].get("die_on"), settings["fail"].get("raise_on"))
+        fail = settings["fail"]
+        _failing(fail.get("die_on"), fail.get("raise_on"), fail.get("step", "close"))
     seen = _spied()
     out = Path(settings["output"])
     result = run_pipeline(RunConfig(output=str(out), inputs=[settings["input"]],
