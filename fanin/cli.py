@@ -30,9 +30,12 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from fanin.contracts.shown import visible
+
+if TYPE_CHECKING:
+    from fanin.pipelines.config import RunConfig
 
 __all__ = ["main"]
 
@@ -143,36 +146,14 @@ def _only_where_it_applies(args: argparse.Namespace) -> None:
 
 
 def _run(args: argparse.Namespace, beam_args: Sequence[str]) -> int:
-    from fanin.contracts.catalog import ContractsError, JoinDefaults
-    from fanin.pipelines.pipeline import ConfigError, RunConfig, run_pipeline
+    from fanin.contracts.catalog import ContractsError
+    from fanin.pipelines.pipeline import ConfigError, run_pipeline
     from fanin.runners.reported_failures import ReportedFailures
 
     reported = ReportedFailures.install()  # what the run says in one line, not logged again
     logging.getLogger("fanin.close").setLevel(logging.INFO if args.log_closes else logging.WARNING)
     try:
-        _only_where_it_applies(args)
-        try:
-            defaults = JoinDefaults(args.deadline_s, args.allow_partial, args.fail_fast,
-                                    args.close_trigger, args.retention_s)
-        except ValueError as exc:  # "deadline_s must be ...": named as the option given
-            field, _, rest = str(exc).partition(" ")
-            raise ConfigError(f"--{field.replace('_', '-')} {rest}") from None
-        config = RunConfig(
-            output=args.output, inputs=args.input, contracts_path=args.contracts,
-            defaults=defaults, formats=tuple(args.format or ("jsonl",)), replay=args.replay,
-            max_disorder_s=args.max_disorder_s or RunConfig.max_disorder_s,
-            max_bytes=args.max_bytes,
-            max_messages_per_join=args.max_messages_per_join,
-            max_bytes_per_join=args.max_bytes_per_join, log_closes=args.log_closes,
-            close_processes=args.close_processes,
-            window_s=RunConfig.window_s if args.window_s is None else args.window_s,
-            shards=args.shards, subscription=args.subscription, topic=args.topic,
-            overwrite=args.overwrite, id_label=args.id_label,
-            bigquery_dataset=args.bigquery_dataset, topics={
-                kind: topic for kind, topic in (("closes", args.closes_topic),
-                                                ("late", args.late_topic),
-                                                ("dead_letter", args.dead_letter_topic))
-                if topic is not None})
+        config = _run_config(args)
         from fanin.runners.dry_run import maybe_dry_run
         from fanin.runners.toolchain import (
             check_job_endpoint,
@@ -195,6 +176,8 @@ def _run(args: argparse.Namespace, beam_args: Sequence[str]) -> int:
         # starts from none, or deletes them)
         earlier = _files(args.output) if (args.subscription or args.topic) and \
             "://" not in args.output and not args.overwrite else frozenset()
+        if args.own_process:  # what it holds now lives as long as it: never walked again
+            gc.freeze()
         try:
             with _quiet_interrupts(), reported.worker_stderr(beam_args):
                 try:
@@ -220,6 +203,36 @@ def _run(args: argparse.Namespace, beam_args: Sequence[str]) -> int:
     if "://" not in args.output:
         _summary(args.output, "jsonl" in config.formats, earlier)
     return 0
+
+
+def _run_config(args: argparse.Namespace) -> RunConfig:
+    """``fanin run``'s options as the job's settings; ``ConfigError`` for bad use."""
+    from fanin.contracts.catalog import JoinDefaults
+    from fanin.pipelines.pipeline import ConfigError, RunConfig
+
+    _only_where_it_applies(args)
+    try:
+        defaults = JoinDefaults(args.deadline_s, args.allow_partial, args.fail_fast,
+                                args.close_trigger, args.retention_s)
+    except ValueError as exc:  # "deadline_s must be ...": named as the option given
+        field, _, rest = str(exc).partition(" ")
+        raise ConfigError(f"--{field.replace('_', '-')} {rest}") from None
+    return RunConfig(
+        output=args.output, inputs=args.input, contracts_path=args.contracts,
+        defaults=defaults, formats=tuple(args.format or ("jsonl",)), replay=args.replay,
+        max_disorder_s=args.max_disorder_s or RunConfig.max_disorder_s,
+        max_bytes=args.max_bytes,
+        max_messages_per_join=args.max_messages_per_join,
+        max_bytes_per_join=args.max_bytes_per_join, log_closes=args.log_closes,
+        close_processes=args.close_processes,
+        window_s=RunConfig.window_s if args.window_s is None else args.window_s,
+        shards=args.shards, subscription=args.subscription, topic=args.topic,
+        overwrite=args.overwrite, id_label=args.id_label,
+        bigquery_dataset=args.bigquery_dataset, topics={
+            kind: topic for kind, topic in (("closes", args.closes_topic),
+                                            ("late", args.late_topic),
+                                            ("dead_letter", args.dead_letter_topic))
+            if topic is not None})
 
 
 def _is_interrupt(exc: BaseException) -> bool:
@@ -375,6 +388,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     cannot spell (``PYTHONIOENCODING=ascii`` and a file name in another script) is written
     with backslash escapes, never a traceback; data written to standard output (``fanin
     query``'s result, ``fanin simulate --out -``) is UTF-8 or ASCII and is never escaped."""
+    if argv is None:  # fanin's own process
+        _collect_less()
     _claim_closed_descriptors()
     if isinstance(sys.stdout, io.TextIOWrapper):
         sys.stdout.reconfigure(errors="backslashreplace")
@@ -386,6 +401,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if argv is None:  # fanin's own process, which ends next
             _before_exit()
+
+
+# How many allocations (less deallocations) start a collection of the young generation in
+# fanin's own process; Python's default is 700
+RUN_GC_THRESHOLD = 100_000
+
+
+def _collect_less() -> None:
+    """From the start of fanin's own process, the young generation is collected every
+    ``RUN_GC_THRESHOLD`` allocations instead of 700 (and what the process holds when its job
+    starts, its imports, is frozen then: ``gc.freeze``, never walked again). Importing Beam
+    makes ~170,000 objects that live as long as the process, and a runner makes and drops
+    millions: the collector walked them over and over, ~0.1 s of the imports and ~0.2 s of a
+    200,049-message bounded run (docs/performance.md). Reference cycles are still collected,
+    a little later: at most that many more objects wait for it."""
+    gc.set_threshold(RUN_GC_THRESHOLD, 10, 10)
 
 
 def _before_exit() -> None:
