@@ -5,7 +5,8 @@ runner (``fanin.transforms.parse``, ``fanin.transforms.join_bounded``). No Beam 
 Lifecycle: ``Helpers(work, count)`` forks nothing; the first ``submit`` forks the helpers
 (a small input, decided before a batch fills, never forks). ``idle`` says whether a helper
 is free; ``submit`` sends it a batch; ``finished`` returns the batches done so far (``wait``:
-all of those sent); ``close`` ends the helpers.
+all of those sent); ``close`` ends the helpers. ``HelpedStep`` ties them to a Beam step's
+DoFn: made in its ``setup``, ended in its ``teardown``, failures logged.
 
 Guarantees:
 - Every batch submitted comes back from ``finished`` exactly once, with ``work(batch)`` as
@@ -38,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import gc
+import logging
 import marshal
 import math
 import os
@@ -52,10 +54,11 @@ import warnings
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar, cast
 
-__all__ = ["FORKS", "PATIENCE_S", "Helpers"]
+__all__ = ["FORKS", "PATIENCE_S", "HelpedStep", "Helpers"]
 
 FORKS = hasattr(os, "fork")  # POSIX; Windows has no fork
 
+_LOG = logging.getLogger(__name__)
 _B = TypeVar("_B")
 _T = TypeVar("_T")
 _SIZE = struct.Struct("<Q")
@@ -348,3 +351,47 @@ class Helpers(Generic[_B, _T]):
                 helper.kill()
             helper.end()
         self._all, self._free, self._held, self._refused, self._poll = [], [], {}, [], None
+
+
+class HelpedStep:
+    """The helpers of a step of a Beam job, mixed into its DoFn (before ``beam.DoFn``):
+    ``processes - 1`` helpers applying ``_helper_work`` (none for ``processes`` 1), made by
+    ``setup``, ended by ``teardown``; ``_end_unfinished`` (a bundle's start) ends helpers
+    that still hold batches of a bundle that failed; ``_report_failures`` logs once why each
+    failed helper failed (a warning naming ``_step`` and what the step then does itself,
+    ``_itself``)."""
+
+    _step: str
+    _itself: str
+    _processes: int
+    _helpers: Helpers[Any, Any] | None
+
+    def _with_helpers(self, processes: int) -> None:
+        if processes < 1:
+            raise ValueError("processes must be >= 1")
+        self._processes = processes
+        self._helpers = None  # setup's
+
+    def _helper_work(self, batch: Any) -> Any:
+        """What a helper does with a batch."""
+        raise NotImplementedError
+
+    def setup(self) -> None:
+        self._helpers = Helpers(self._helper_work, self._processes - 1) \
+            if self._processes > 1 else None
+
+    def teardown(self) -> None:
+        if self._helpers is not None:
+            self._helpers.close()
+
+    def _end_unfinished(self) -> None:
+        if self._helpers is not None and self._helpers.holding:  # a failed bundle's batches
+            self._helpers.close()
+
+    def _report_failures(self) -> None:
+        if self._helpers is None:
+            return
+        for reason in self._helpers.failures:
+            _LOG.warning("fanin: a helper of the %s failed (%s); the %s %s", self._step, reason,
+                         self._step, self._itself)
+        self._helpers.failures.clear()

@@ -17,10 +17,9 @@ from fanin.contracts.catalog import Catalog
 from fanin.contracts.parsing import DEFAULT_MAX_BYTES, dead_letter, parse_message
 from fanin.core.bounded import bounded_outputs
 from fanin.core.outcomes import DEAD_LETTER, Output
-from fanin.transforms.forked_helpers import Helpers
+from fanin.transforms.forked_helpers import HelpedStep, Helpers
 from fanin.transforms.join_outputs import (
     _INTERNAL,
-    _LOG,
     DEFAULT_MAX_BYTES_PER_JOIN,
     _Counting,
     _internal_errors,
@@ -30,7 +29,7 @@ from fanin.transforms.parse import PackedMessages
 __all__ = ["CloseGroups"]
 
 
-class CloseGroups(_Counting):
+class CloseGroups(HelpedStep, _Counting):
     """The bounded plan's close step: one join's grouped messages -> its outputs.
 
     The messages arrive raw, packed with their sources (one or more per grouped value) and
@@ -75,11 +74,8 @@ class CloseGroups(_Counting):
     def __init__(self, catalog: Catalog, max_messages: int,
                  max_bytes: int = DEFAULT_MAX_BYTES_PER_JOIN, log_closes: bool = False,
                  max_message_bytes: int = DEFAULT_MAX_BYTES, processes: int = 1) -> None:
-        if processes < 1:
-            raise ValueError("processes must be >= 1")
+        self._with_helpers(processes)
         self._catalog = catalog
-        self._processes = processes
-        self._helpers: Helpers[list[tuple[str, list[bytes]]], Any] | None = None  # setup's
         # the batch being made for a helper: its joins, and each one's timestamp, window and
         # pane (its outputs' when emitted later), and its messages' bytes
         self._batch: list[tuple[str, list[bytes]]] = []
@@ -182,21 +178,17 @@ class CloseGroups(_Counting):
     # values (each one message or more) and _SENT_BYTES
     _BATCH_JOINS, _SENT_VALUES = 128, 256
     _BATCH_BYTES, _SENT_BYTES = 16 << 20, 1 << 20
+    _step, _itself = "close step", "decides its joins itself"
 
-    def setup(self) -> None:
-        self._helpers = Helpers(self._decided, self._processes - 1) \
-            if self._processes > 1 else None
-
-    def teardown(self) -> None:
-        if self._helpers is not None:
-            self._helpers.close()
+    def _helper_work(self, batch: list[tuple[str, list[bytes]]]
+                     ) -> tuple[list[list[Output]], int]:
+        return self._decided(batch)
 
     def start_bundle(self) -> None:
         super().start_bundle()
         self._take_batch()
         self._parsed_here = 0
-        if self._helpers is not None and self._helpers.holding:  # a failed bundle's batches
-            self._helpers.close()
+        self._end_unfinished()
 
     def finish_bundle(self) -> Iterator[Any]:
         """The batches held are decided (the last one partly here) and emitted; then the
@@ -234,11 +226,7 @@ class CloseGroups(_Counting):
                 ) -> Iterator[Any]:
         """The outputs of batches the helpers answered (decided here if a helper failed, which
         is logged), each at its join's timestamp, window and pane."""
-        if self._helpers is not None and self._helpers.failures:
-            for reason in self._helpers.failures:
-                _LOG.warning("fanin: a helper of the close step failed (%s); the close step "
-                             "decides its joins itself", reason)
-            self._helpers.failures.clear()
+        self._report_failures()
         for where, batch, result in done:
             if result is None:
                 yield from self._here(batch, where)

@@ -37,7 +37,7 @@ from apache_beam.transforms.window import GlobalWindows
 from fanin.contracts import records as R
 from fanin.contracts.parsing import DEFAULT_MAX_BYTES, parse_message, read_join_id
 from fanin.core.outcomes import DEAD_LETTER
-from fanin.transforms.forked_helpers import Helpers
+from fanin.transforms.forked_helpers import HelpedStep
 from fanin.transforms.read import Message, is_full
 
 __all__ = ["DEAD_LETTER", "RECORDS", "RECORD_TYPE", "KeyMessages", "PackedMessages", "ParseFn",
@@ -154,7 +154,7 @@ class PackedMessages:
             yield packed[start:offset], (path, line)
 
 
-class _KeyFn(_Reading):
+class _KeyFn(HelpedStep, _Reading):
     """A chunk of messages ``[(data, (path, line)), ...]`` (``ReadNumberedLines``) ->
     ``(join_id, packed messages)`` values and tagged dead letters.
 
@@ -178,15 +178,13 @@ class _KeyFn(_Reading):
     read): values emitted at a bundle's end are in it too."""
 
     _JOIN_MESSAGES = 256
+    _step, _itself = "key step", "keys its messages itself"
 
     def __init__(self, contract_names: frozenset[str], max_bytes: int,
                  processes: int = 1) -> None:
         super().__init__(contract_names, max_bytes)
-        if processes < 1:
-            raise ValueError("processes must be >= 1")
-        self._processes = processes
+        self._with_helpers(processes)
         self._packing = PackedMessages()
-        self._helpers: Helpers[list[Message], Keyed] | None = None  # setup's
         self._start()
 
     def _start(self) -> None:
@@ -194,13 +192,8 @@ class _KeyFn(_Reading):
         known (a helper's: None until it answers), up to the first not emitted."""
         self._chunks: deque[list[Keyed | None]] = deque()
 
-    def setup(self) -> None:
-        self._helpers = Helpers(self.keyed_chunk, self._processes - 1) \
-            if self._processes > 1 else None
-
-    def teardown(self) -> None:
-        if self._helpers is not None:
-            self._helpers.close()
+    def _helper_work(self, batch: list[Message]) -> Keyed:
+        return self.keyed_chunk(batch)
 
     def process(self, chunk: list[Message]) -> Iterator[Any]:
         self._note_read(len(chunk))
@@ -219,8 +212,7 @@ class _KeyFn(_Reading):
 
     def start_bundle(self) -> None:
         self._start()
-        if self._helpers is not None and self._helpers.holding:  # a failed bundle's chunks
-            self._helpers.close()
+        self._end_unfinished()
 
     def finish_bundle(self) -> Iterator[Any]:
         self._answered(wait=True)
@@ -270,10 +262,7 @@ class _KeyFn(_Reading):
             return
         for slot, chunk, result in helpers.finished(wait):
             slot[0] = self.keyed_chunk(chunk) if result is None else result
-        for reason in helpers.failures:
-            _LOG.warning("fanin: a helper of the key step failed (%s); the key step keys its "
-                         "messages itself", reason)
-        helpers.failures.clear()
+        self._report_failures()
 
     def _keyed(self) -> Iterator[Any]:
         """The chunks keyed, up to the first one not keyed yet, as elements, in read
