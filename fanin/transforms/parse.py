@@ -170,8 +170,9 @@ class _KeyFn(HelpedStep, _Reading):
     Helpers (``processes`` > 1: ``fanin.pipelines.runner_choice.close_processes`` asks for
     them on Beam's in-process runner only): ``processes - 1`` processes forked from this one
     (``fanin.transforms.forked_helpers``) key full chunks while this one reads the next; a
-    chunk that comes while every helper is busy, and a file's last (partial) chunk, are keyed
-    here, so an input of one chunk forks nothing. Chunks leave in the order they came, whoever
+    chunk that comes while every helper is busy, a file's last (partial) chunk, and a chunk
+    holding a line longer than ``max_bytes`` (``_for_helpers``) are keyed here, so an input
+    of one chunk forks nothing. Chunks leave in the order they came, whoever
     keyed them, so a join's messages reach the shuffle in the order they were read and the
     values are the ones one process makes; a chunk whose helper fails is keyed here (logged,
     a warning). The helpers end with the bundle. Input is in the global window (a bounded
@@ -201,7 +202,7 @@ class _KeyFn(HelpedStep, _Reading):
         slot: list[Keyed | None] = [None]
         if helpers is not None:
             self._answered(wait=len(self._chunks) > 2 * self._processes)
-            if helpers.idle() and is_full(chunk):
+            if helpers.idle() and _for_helpers(chunk):
                 self._chunks.append(slot)
                 helpers.submit(chunk, slot)
                 yield from self._keyed()
@@ -273,6 +274,14 @@ class _KeyFn(HelpedStep, _Reading):
             for letter in dead:
                 yield _dead_letter(letter)
             yield from values
+
+
+def _for_helpers(chunk: list[Message]) -> bool:
+    """Whether a helper may key ``chunk``: a full one (a file's last is keyed by the step)
+    of plain bytes. A ``LongLine`` (a long line's first bytes, and its size) would reach a
+    helper as plain bytes (``marshal`` keeps no subclass), and its ``too_large`` dead letter
+    would state the size of those bytes, not the line's."""
+    return is_full(chunk) and all(type(data) is bytes for data, _ in chunk)
 
 
 def _in_global(out: Any) -> Any:

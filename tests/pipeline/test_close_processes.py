@@ -168,6 +168,26 @@ def test_key_helpers_keep_each_joins_messages_in_read_order(repeated: Path,
         assert sorted(refused[f"r-{n}"]) == [61 + n + 60 * copy for copy in (2, 3, 4)]
 
 
+def test_a_line_longer_than_max_bytes_states_its_size_whoever_keys_its_chunk(
+        tmp_path: Path) -> None:
+    """A long line reaches the key step as its first bytes and its size (``LongLine``); its
+    ``too_large`` dead letter states the line's size with helpers as without."""
+    path = tmp_path / "long.jsonl"
+    lines = [json.dumps({"join_id": f"l-{n}", "branch": "a", "status": "ok",
+                         "event_time": "2026-01-01T00:00:01Z",
+                         "value": "x" * (3_000 + n if n % 50 == 0 else 1)})
+             for n in range(200)]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    settings = {"config": {"max_bytes": 1_000}, "chunk": {"CHUNK_MESSAGES": 20}}
+    one = _run(path, tmp_path / "one", 1, **settings)
+    three = _run(path, tmp_path / "three", 3, **settings)
+    assert _same(three, one) and three["chunks"]  # helpers keyed the chunks of short lines
+    letters = [json.loads(line) for file in (tmp_path / "three" / "dead_letter").glob("*.jsonl")
+               for line in file.read_text(encoding="utf-8").splitlines()]
+    assert sorted(letter["detail"] for letter in letters if letter["error"] == "too_large") == \
+        sorted(f"{len(lines[n])} bytes > limit 1000" for n in range(0, 200, 50))
+
+
 @pytest.mark.parametrize("fail, reason", [({"die_on": 2}, "it exited with status 9"),
                                           ({"raise_on": 2}, "MemoryError: injected")])
 def test_a_key_helper_that_dies_or_fails_mid_run_changes_no_output(
