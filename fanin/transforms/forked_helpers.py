@@ -356,10 +356,10 @@ class Helpers(Generic[_B, _T]):
 class HelpedStep:
     """The helpers of a step of a Beam job, mixed into its DoFn (before ``beam.DoFn``):
     ``processes - 1`` helpers applying ``_helper_work`` (none for ``processes`` 1), made by
-    ``setup``, ended by ``teardown``; ``_end_unfinished`` (a bundle's start) ends helpers
-    that still hold batches of a bundle that failed; ``_report_failures`` logs once why each
-    failed helper failed (a warning naming ``_step`` and what the step then does itself,
-    ``_itself``)."""
+    ``setup``, ended by ``_end_helpers`` (a bundle's end) or ``teardown``;
+    ``_end_unfinished`` (a bundle's start) ends helpers that still hold batches of a bundle
+    that failed; ``_report_failures`` logs once why each failed helper failed (a warning
+    naming ``_step`` and what the step then does itself, ``_itself``)."""
 
     _step: str
     _itself: str
@@ -381,6 +381,12 @@ class HelpedStep:
             if self._processes > 1 else None
 
     def teardown(self) -> None:
+        if self._helpers is not None:
+            self._helpers.close()
+
+    def _end_helpers(self) -> None:
+        """The end of a bundle whose batches all came back: the helpers end now, and their
+        memory and descriptors with them (the next bundle forks again)."""
         if self._helpers is not None:
             self._helpers.close()
 

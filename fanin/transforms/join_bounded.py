@@ -56,7 +56,8 @@ class CloseGroups(HelpedStep, _Counting):
     gives (in another order within the bundle: the files sort their lines); a batch whose
     helper fails is decided here (the helper's failure is logged, a warning). A batch's
     outputs are emitted at its joins' timestamps, windows and panes, all of them by the end
-    of the bundle. No helper is forked for a bundle of fewer than ``_BATCH_JOINS`` joins.
+    of the bundle, where the helpers end (their memory and descriptors with them). No helper
+    is forked for a bundle of fewer than ``_BATCH_JOINS`` joins.
     """
 
     class _Reparsed:
@@ -203,6 +204,7 @@ class CloseGroups(HelpedStep, _Counting):
                 batch, where = batch[half:], where[half:]
             yield from self._here(batch, where)
             yield from self._helped(helpers.finished(wait=True))
+            self._end_helpers()  # before the writes' finalize: their memory and descriptors
         self._parsed.inc(self._parsed_here)
         super().finish_bundle()
 

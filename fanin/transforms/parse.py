@@ -219,8 +219,7 @@ class _KeyFn(HelpedStep, _Reading):
         self._answered(wait=True)
         for out in self._keyed():
             yield _in_global(out)
-        if self._helpers is not None:  # the step's work is done: its helpers end now
-            self._helpers.close()
+        self._end_helpers()
 
     def keyed_chunk(self, chunk: list[Message]) -> Keyed:
         """A chunk's messages keyed, in read order: ``(values, dead letters)``, a join's

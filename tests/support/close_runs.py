@@ -14,7 +14,8 @@ helper exits on its n-th batch, or raises on it; each helper counts its own batc
 ``"step": "key"``: a key step's helper, on its n-th chunk).
 
 ``sent`` and ``undone`` are the close step's batches (their joins), ``chunks`` and
-``chunks_undone`` the key step's chunks (their messages).
+``chunks_undone`` the key step's chunks (their messages); ``ends_at_finalize``: how many
+helpers were alive each time the writes' finalize began (a shard of an output).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from apache_beam.metrics.metric import MetricsFilter
 
 from fanin.fleet.simulate import CONTRACTS_PATH
 from fanin.pipelines.pipeline import RunConfig, run_pipeline
-from fanin.transforms import read
+from fanin.transforms import forked_helpers, read, write
 from fanin.transforms.forked_helpers import Helpers
 from fanin.transforms.join_bounded import CloseGroups
 from fanin.transforms.parse import _KeyFn
@@ -46,7 +47,7 @@ def _chunk(batch: Any) -> bool:
 def _spied() -> dict[str, list[Any]]:
     """Record what ``Helpers`` sends and gets back (the real methods run)."""
     seen: dict[str, list[Any]] = {"sent": [], "undone": [], "chunks": [], "chunks_undone": [],
-                                  "failures": []}
+                                  "failures": [], "ends_at_finalize": []}
     submit, finished = Helpers.submit, Helpers.finished
 
     def counted(self: Helpers[Any, Any], batch: Any, keep: Any = None) -> None:
@@ -63,6 +64,13 @@ def _spied() -> dict[str, list[Any]]:
 
     Helpers.submit = counted  # type: ignore[method-assign]
     Helpers.finished = answered  # type: ignore[method-assign]
+    finalize = write._Finalize.process
+
+    def finalized(self: write._Finalize, element: Any) -> Any:  # helpers alive at this point
+        seen["ends_at_finalize"].append(len(forked_helpers._PARENT_ENDS))
+        return finalize(self, element)
+
+    write._Finalize.process = finalized  # type: ignore[method-assign]
     return seen
 
 
