@@ -6,7 +6,8 @@ Lifecycle: ``Helpers(work, count)`` forks nothing; the first ``submit`` forks th
 (a small input, decided before a batch fills, never forks). ``idle`` says whether a helper
 is free; ``submit`` sends it a batch; ``finished`` returns the batches done so far (``wait``:
 all of those sent); ``close`` ends the helpers. ``HelpedStep`` ties them to a Beam step's
-DoFn: made in its ``setup``, ended in its ``teardown``, failures logged.
+DoFn: made in its ``setup``, ended at the end of a bundle or in its ``teardown``, failures
+logged.
 
 Guarantees:
 - Every batch submitted comes back from ``finished`` exactly once, with ``work(batch)`` as
