@@ -28,8 +28,10 @@ Guarantees:
   helper at work (its batch is dropped) and reaps every helper forked.
 - Batches and results travel over a socket pair per helper, in ``marshal``'s format (both
   ends are one interpreter; it takes plain data, ~2x faster than pickle for the close step's
-  dicts): a result ``marshal`` refuses fails its batch, which the caller then does itself. A
-  helper holds one batch at a time.
+  dicts): a result ``marshal`` refuses fails its batch, which the caller then does itself.
+  ``marshal`` refuses subclasses of built-in types (the batch comes back undone), but
+  writes a ``bytes`` subclass as plain bytes, its own attributes gone: a caller keeps such
+  batches for itself. A helper holds one batch at a time.
 - Memory: a helper shares its parent's pages until either writes them (fork's copy on
   write); it freezes the objects it inherits (``gc.freeze``), so its collector never walks,
   and so never copies, its parent's heap.
@@ -382,8 +384,7 @@ class HelpedStep:
             if self._processes > 1 else None
 
     def teardown(self) -> None:
-        if self._helpers is not None:
-            self._helpers.close()
+        self._end_helpers()
 
     def _end_helpers(self) -> None:
         """The end of a bundle whose batches all came back: the helpers end now, and their

@@ -198,17 +198,14 @@ class _KeyFn(HelpedStep, _Reading):
 
     def process(self, chunk: list[Message]) -> Iterator[Any]:
         self._note_read(len(chunk))
-        helpers = self._helpers
+        self._answered(wait=len(self._chunks) > 2 * self._processes)
         slot: list[Keyed | None] = [None]
-        if helpers is not None:
-            self._answered(wait=len(self._chunks) > 2 * self._processes)
-            if helpers.idle() and _for_helpers(chunk):
-                self._chunks.append(slot)
-                helpers.submit(chunk, slot)
-                yield from self._keyed()
-                return
-        slot[0] = self.keyed_chunk(chunk)
         self._chunks.append(slot)
+        helpers = self._helpers
+        if helpers is not None and helpers.idle() and _for_helpers(chunk):
+            helpers.submit(chunk, slot)
+        else:
+            slot[0] = self.keyed_chunk(chunk)
         yield from self._keyed()
 
     def start_bundle(self) -> None:
