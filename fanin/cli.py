@@ -122,9 +122,10 @@ def _add_run(subparsers: argparse._SubParsersAction[_Parser]) -> None:
                         help="files per output (bounded, replay), per write (Pub/Sub); "
                         "1 to 1000")
     run.add_argument("--close-processes", type=int, default=None, metavar="N",
-                     help="bounded runs on the local runner: processes that key messages "
-                     "and decide joins, this one and N-1 helpers forked from it (default: "
-                     "the cores this process may use, at most 4; 1: none, 1 to 64)")
+                     help="on the local runner: processes that key messages and decide "
+                     "joins (bounded) or replay them (--replay writing files), this one and "
+                     "N-1 helpers forked from it (default: the cores this process may use, "
+                     "at most 4; 1: none, 1 to 64)")
     run.add_argument("--log-closes", action=argparse.BooleanOptionalAction, default=False,
                      help="log one structured event per close (fanin.close logger; also "
                      "on Dataflow workers, one Cloud Logging entry per close)")

@@ -48,7 +48,9 @@ from fanin.pipelines.runner_choice import (
     choose_runner,
     close_processes,
     early_firing,
+    replay_processes,
 )
+from fanin.pipelines.split_replay import SplitReplay
 from fanin.transforms.join import JoinRecords
 from fanin.transforms.parse import KeyMessages, ParseMessages
 from fanin.transforms.read import ReadNumberedLines, Source, expand_inputs, numbered_lines
@@ -107,19 +109,21 @@ def _deadline_floor_ms(catalog: Catalog) -> int:
 
 
 def replay_of(lines: Iterable[tuple[bytes, Source]], catalog: Catalog,
-              max_disorder_s: float, max_bytes: int = DEFAULT_MAX_BYTES) -> Replay:
+              max_disorder_s: float, max_bytes: int = DEFAULT_MAX_BYTES,
+              partitions: int = 1) -> Replay:
     """The replay a streaming run from files reads and parses (``ParseMessages``' outputs),
     its lines scanned as the join parses them (``MessageScan``: a dead letter moves no
     watermark). Its watermark moves for a join's line only when a timer of that join may be
     due (``replay_retention_floor_ms``), every so many lines only when a deadline may have
     passed (``_deadline_floor_ms``), and its last advance passes every deadline, not every
     tombstone: the join sets no timer for a tombstone that outlives the input
-    (``JoinRecords``' ``input_end_ms`` = ``Replay.end_ms``).
+    (``JoinRecords``' ``input_end_ms`` = ``Replay.end_ms``). ``partitions``: the joins split
+    into so many partitions, each replayed by a job of its own (``SplitReplay``).
     """
     replay = build_replay(lines, max_disorder_s, _longest_deadline_ms(catalog) + 1,
                           MessageScan(frozenset(catalog.contracts), max_bytes),
                           replay_retention_floor_ms(catalog),
-                          deadline_floor_ms=_deadline_floor_ms(catalog))
+                          deadline_floor_ms=_deadline_floor_ms(catalog), partitions=partitions)
     if replay.events > _SLOW_REPLAY_EVENTS and not replay.behind:
         _LOG.warning(
             "fanin: --replay: the stream splits into %d events (no line lags the file's latest "
@@ -144,20 +148,27 @@ _SLOW_EVENTS = ("each a round of the local runner's bundles over the joins it ho
                 "replay is slow (0.1 s or more per event)")
 
 
+def _planned_replay(config: RunConfig, catalog: Catalog, partitions: int = 1) -> Replay:
+    """The replay of ``config``'s input files (read and planned now)."""
+    paths = expand_inputs(config.inputs)
+    lines = by_event_time([numbered_lines(path, config.max_bytes) for path in paths],
+                          MessageScan(frozenset(catalog.contracts), config.max_bytes))
+    return replay_of(lines, catalog, config.max_disorder_s, config.max_bytes, partitions)
+
+
 def build(p: beam.Pipeline, config: RunConfig, catalog: Catalog,
-          drain: Drain | None = None
+          drain: Drain | None = None, split: SplitReplay | None = None, partition: int = 0
           ) -> dict[str, PCollection[Any] | tuple[PCollection[Any], ...]]:
     """Add the whole job to ``p``; returns the joined outputs by name (for tests): the dead
     letters of a bounded run without BigQuery are a tuple, those of the join and of the
-    parse. ``drain`` stops a Pub/Sub read on the local runner (``fanin.io.pubsub_drain``)."""
+    parse. ``drain`` stops a Pub/Sub read on the local runner (``fanin.io.pubsub_drain``).
+    ``split``: the job replays the joins of ``partition`` of a split replay, and its writes
+    leave their temporary files to ``split.finish()``."""
     processes = close_processes(p.options, config, type(p.runner).__name__)
     if config.replay:
-        paths = expand_inputs(config.inputs)
-        lines = by_event_time([numbered_lines(path, config.max_bytes) for path in paths],
-                              MessageScan(frozenset(catalog.contracts), config.max_bytes))
-        replay = replay_of(lines, catalog, config.max_disorder_s, config.max_bytes)
+        replay = split.replay if split is not None else _planned_replay(config, catalog)
         # the replay parses each line as it reads it (ParseMessages' outputs; see Replay)
-        parsed = p | "Read" >> replay
+        parsed = p | "Read" >> (replay.part(partition) if split is not None else replay)
         input_end_ms: int | None = replay.end_ms
     else:
         if config.inputs:
@@ -188,14 +199,15 @@ def build(p: beam.Pipeline, config: RunConfig, catalog: Catalog,
     # FnApiRunner would hold a Flatten of the two stages' outputs whole between them
     outputs = {CLOSES: joined[CLOSES], LATE: joined[LATE], DEAD_LETTER: dead_letters}
     early = early_firing(config, type(p.runner).__name__)
-    token = new_token()  # in this job's file names: a later job never overwrites them
-    if config.streaming:
+    # in this job's file names: a later job never overwrites them
+    token = split.token if split is not None else new_token()
+    if config.streaming and partition == 0:
         _LOG.info("fanin: output files of this job are named <kind>-%s-p<pane>-s<shard>", token)
     for kind, pcoll in outputs.items():
         folder = FileSystems.join(config.output, kind)
         pcoll | f"Write/{kind}" >> WriteOutput(folder, kind, config.formats, config.streaming,
                                                config.window_s, config.shards, token=token,
-                                               early=early)
+                                               early=early, finalize=split is None)
         if kind in config.topics:
             from fanin.io.pubsub import PublishJson
 
@@ -319,7 +331,9 @@ def run_pipeline(config: RunConfig, beam_args: Sequence[str],
     with beam_pipeline(options, runner_instance) as p:  # Beam validates its options here
         _check_dataflow_input(config, runner)
         drain = Drain() if config.reads_pubsub else None
-        build(p, config, catalog, drain)  # a missing input is reported here, before any write
+        split = _split_replay(config, catalog, options, runner, runner_instance)
+        # a missing input is reported here, before any write
+        build(p, config, catalog, drain, split)
         absent = absent_folders(config.output) if "://" not in config.output else ()
         lock = locked_output(config, absent) if "://" not in config.output else None
         before = files_in(config.output) if lock is not None else frozenset()
@@ -339,11 +353,15 @@ def run_pipeline(config: RunConfig, beam_args: Sequence[str],
             # drains from before it starts (it lost the first pulls' messages in between)
             with collector_for_run(), drain_on_signals(drain, _LOG) if drain and not submitted \
                     else contextlib.nullcontext():
+                if split is not None:  # before this job starts its threads
+                    split.start()
                 result = p.run()
                 if submitted:
                     _LOG.info("fanin: streaming job submitted; it runs until drained or cancelled")
                     return result
                 result.wait_until_finish()
+                if split is not None:
+                    split.finish()
         except BaseException as exc:
             acknowledged = drain.acknowledged if drain is not None else 0
             # Ctrl-C leaves a Dataflow job running (docs/runners.md); a local one is cancelled
@@ -355,6 +373,9 @@ def run_pipeline(config: RunConfig, beam_args: Sequence[str],
                            "them again)", acknowledged,
                            config.subscription or config.topic, config.output)
             raise
+        finally:
+            if split is not None:
+                split.close()
         if lock is not None:
             lock.finish()
         if config.reads_pubsub:
@@ -366,6 +387,27 @@ def run_pipeline(config: RunConfig, beam_args: Sequence[str],
 
             report_unpublished()  # what the run's topics lack, before its summary line
         return result
+
+
+def _split_replay(config: RunConfig, catalog: Catalog, options: PipelineOptions, runner: str,
+                  runner_instance: beam.runners.runner.PipelineRunner | None
+                  ) -> SplitReplay | None:
+    """A replay split across ``replay_processes`` processes (planned now), or None: one
+    job."""
+    processes = replay_processes(config, runner)
+    if processes < 2:
+        return None
+    replay = _planned_replay(config, catalog, processes)
+    outputs = [(FileSystems.join(config.output, kind), kind, config.formats)
+               for kind in (CLOSES, LATE, DEAD_LETTER)]
+
+    def run_part(partition: int) -> None:
+        with beam_pipeline(options, runner_instance) as p:
+            build(p, config, catalog, split=split, partition=partition)
+            p.run().wait_until_finish()
+
+    split = SplitReplay(replay, new_token(), outputs, run_part)
+    return split
 
 
 def _stopped(exc: BaseException, result: beam.runners.runner.PipelineResult | None,

@@ -9,7 +9,8 @@ Guarantees:
 - ``check_runner_class`` refuses (``ConfigError``, one line) a ``--runner`` module path that
   does not import or names no runner class, before Beam would import it with a traceback.
 - ``close_processes`` is more than 1 only on ``FnApiRunner`` with one in-memory worker, for
-  bounded input, where processes fork; ``check_close_processes`` refuses
+  bounded input, and ``replay_processes`` only for a replay on ``BundleBasedDirectRunner``
+  whose outputs are files only, where processes fork; ``check_close_processes`` refuses
   ``--close-processes`` anywhere else.
 """
 
@@ -29,7 +30,7 @@ from fanin.transforms.write import AT_END, BY_COUNT_OR_TIME, BY_TIME
 
 __all__ = ["AUTO_CLOSE_PROCESSES", "check_close_processes", "check_local_workers",
            "check_runner_class", "choose_runner", "close_processes", "early_firing",
-           "runner_class_name", "runner_in"]
+           "replay_processes", "runner_class_name", "runner_in"]
 
 
 def choose_runner(config: RunConfig, options: PipelineOptions) -> str:
@@ -110,11 +111,14 @@ def check_local_workers(options: PipelineOptions, runner: str, streaming: bool) 
 def check_close_processes(options: PipelineOptions, config: RunConfig, runner: str) -> None:
     """``--close-processes`` is given only where it applies (``close_processes``), and above 1
     only where processes fork, else ``ConfigError``."""
-    if config.close_processes is not None and not _one_local_worker(options, config, runner):
+    if config.close_processes is not None and not _one_local_worker(options, config, runner) \
+            and not _split_replay(config, runner):
         raise ConfigError("--close-processes applies to a bounded run on FnApiRunner (the "
                           "local runner fanin run picks for files) with one worker (no "
-                          "--direct_num_workers, no --direct_running_mode); this run's "
-                          "close step runs where that runner puts it")
+                          "--direct_num_workers, no --direct_running_mode), and to a replay "
+                          "on BundleBasedDirectRunner (the default) that writes files only "
+                          "(no Pub/Sub topics, no BigQuery); this run's steps run where its "
+                          "runner puts them")
     if (config.close_processes or 1) > 1 and not FORKS:
         raise ConfigError("--close-processes above 1 forks helpers, and this system has no "
                           "fork")
@@ -140,8 +144,26 @@ def close_processes(options: PipelineOptions, config: RunConfig, runner: str) ->
     ``AUTO_CLOSE_PROCESSES``; 1 anywhere else (a stream, and runners that run workers of their
     own, which use their cores themselves). Not given, it is 1 off Linux (macOS's system
     libraries are not safe to use in a forked child)."""
-    if not _one_local_worker(options, config, runner):
-        return 1
+    return _processes(config) if _one_local_worker(options, config, runner) else 1
+
+
+def replay_processes(config: RunConfig, runner: str) -> int:
+    """How many processes replay a replay's joins (``fanin.pipelines.split_replay``): for a
+    replay on ``BundleBasedDirectRunner`` (the default) that writes files only (no Pub/Sub
+    topic, no BigQuery table: each process would publish or stream its own part),
+    ``--close-processes``, by default as ``close_processes``; 1 anywhere else."""
+    return _processes(config) if _split_replay(config, runner) else 1
+
+
+def _split_replay(config: RunConfig, runner: str) -> bool:
+    return (config.replay and runner == "BundleBasedDirectRunner" and not config.topics
+            and not config.bigquery_dataset)
+
+
+def _processes(config: RunConfig) -> int:
+    """``--close-processes``; not given, the cores this process may use up to
+    ``AUTO_CLOSE_PROCESSES``, 1 off Linux (macOS's system libraries are not safe to use in a
+    forked child)."""
     if config.close_processes is not None:
         return config.close_processes
     if not (FORKS and sys.platform.startswith("linux")):  # macOS: fork is unsafe there

@@ -53,6 +53,12 @@ Guarantees:
   parsing are one step because the local streaming runner does not fuse steps: every element
   a step emits is committed and handed to the next one, which cost ~11 % of a replay of
   206,728 lines (docs/performance.md).
+- Split (``partitions`` > 1, ``fanin.pipelines.split_replay``): the plan is made once, from
+  every line, and each partition gets a stream of its joins' lines (``partition_of``: by join
+  id; the lines the join does not take in partition 0) with every watermark move and every
+  break between events of the whole stream, so each join sees what it sees in the whole
+  stream. ``part(i)`` replays partition ``i``, in the process that planned it or a fork of it
+  (its worker takes the plan's parse; it reads no file).
 - The stream uses a portable coder (``KV<string, KV<varint, bytes>>``): a Java runner
   (Flink) decodes the TestStream payload itself, so a Python-only (pickled) coder would fail
   there (docs/runners.md).
@@ -65,6 +71,7 @@ import heapq
 import json
 import uuid
 import weakref
+import zlib
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
@@ -93,7 +100,7 @@ from fanin.transforms.parse import RECORD_TYPE, RECORDS, ParseFn
 from fanin.transforms.read import Source, numbered_lines
 
 __all__ = ["MessageScan", "Replay", "Scan", "build_replay", "by_event_time", "covering_disorder_s",
-           "scan_line"]
+           "partition_of", "scan_line"]
 
 
 def _decode(line: bytes) -> Any:
@@ -269,11 +276,16 @@ def _file_lines(path: str, token: str, max_bytes: int) -> list[tuple[bytes, Sour
 class _ParseRuns(beam.DoFn):
     """A run ``(path, (first, event times))`` -> each of its lines ``(line, (path, number))``
     parsed (``ParseFn.parsed``: ``(join_id, record)`` or a tagged dead letter), with the
-    line's event time, in the global window (the stream's)."""
+    line's event time, in the global window (the stream's). ``planned_only``: the runs
+    number the lines of one partition of a split replay, which only the plan's parse holds
+    (kept to the job's end; the processes of a split replay are the planning process and its
+    forks)."""
 
-    def __init__(self, counts: dict[str, int], token: str, scan: MessageScan) -> None:
+    def __init__(self, counts: dict[str, int], token: str, scan: MessageScan,
+                 planned_only: bool = False) -> None:
         self._counts = counts
         self._token = token
+        self._planned_only = planned_only
         self._parse = ParseFn(scan.contracts, scan.max_bytes)
         self._max_bytes = scan.max_bytes
 
@@ -293,7 +305,8 @@ class _ParseRuns(beam.DoFn):
                 yield TaggedOutput(parsed.tag, WindowedValue(parsed.value, stamp, _GLOBAL))
             else:
                 yield WindowedValue(parsed, stamp, _GLOBAL)
-        if first + len(stamps) == self._counts[path]:  # its last run: a retry reads the file
+        if first + len(stamps) == self._counts[path] and not self._planned_only:
+            # its last run: a retry reads the file
             _READ.get(self._token, {}).pop(path, None)
             _PARSED.get(self._token, {}).pop(path, None)
 
@@ -305,6 +318,9 @@ class _ParseRuns(beam.DoFn):
             for index in range(first, first + count):
                 yield self._parse.counted(*_RESULT.decode(planned[index]))
             return
+        if self._planned_only:
+            raise RuntimeError(f"--replay: the plan's parse of {path} is not in this process "
+                               "(a partition of a split replay runs where it was planned)")
         lines = _file_lines(path, self._token, self._max_bytes)
         if len(lines) != self._counts[path]:
             raise RuntimeError(f"--replay: {path} changed while it was replayed "
@@ -325,18 +341,20 @@ class _Events:
     ``due``: joins with a line delivered since the last event that may have set such a timer.
     """
 
-    def __init__(self, batch: int) -> None:
-        self.stream = TestStream(coder=RUN_CODER)
+    def __init__(self, batch: int, partitions: int = 1) -> None:
+        self.streams = [TestStream(coder=RUN_CODER) for _ in range(partitions)]
         self.watermark: int | None = None  # milliseconds
         self.events = 0  # events planned (of lines, and watermark moves)
         self.since = 0  # lines since the watermark last moved
         self.due: set[str] = set()
         self._batch = batch
-        self._runs: list[tuple[str, int, array[int]]] = []  # pending (path, first index, stamps)
+        # per partition: pending (path, first index, stamps)
+        self._runs: list[list[tuple[str, int, array[int]]]] = [[] for _ in range(partitions)]
 
-    def add(self, path: str, index: int, stamp: int) -> None:
-        """Line ``index`` of ``path`` with event time ``stamp``, after the pending ones."""
-        runs = self._runs
+    def add(self, partition: int, path: str, index: int, stamp: int) -> None:
+        """Line ``index`` of ``path`` (among the partition's) with event time ``stamp``,
+        after the pending ones."""
+        runs = self._runs[partition]
         if runs and runs[-1][0] == path and len(runs[-1][2]) < self._batch:
             runs[-1][2].append(stamp)
         else:
@@ -344,18 +362,21 @@ class _Events:
         self.since += 1
 
     def barrier(self) -> None:
-        """The pending lines, as one event of runs."""
-        if self._runs:
-            self.stream.add_elements([
-                TimestampedValue((path, (first, stamps.tobytes())), _stamp(min(stamps)))
-                for path, first, stamps in self._runs])
-            self._runs.clear()
+        """The pending lines, as one event of runs (in each partition that has some)."""
+        if any(self._runs):
+            for stream, runs in zip(self.streams, self._runs, strict=True):
+                if runs:
+                    stream.add_elements([
+                        TimestampedValue((path, (first, stamps.tobytes())), _stamp(min(stamps)))
+                        for path, first, stamps in runs])
+                    runs.clear()
             self.events += 1
         self.due.clear()
 
     def advance(self, ms: int) -> None:
         self.barrier()
-        self.stream.advance_watermark_to(_stamp(ms))
+        for stream in self.streams:
+            stream.advance_watermark_to(_stamp(ms))
         self.watermark, self.since = ms, 0
         self.events += 1
 
@@ -429,15 +450,20 @@ class Replay(beam.PTransform[PBegin, pvalue.DoOutputsTuple]):
     Opens with a smaller ``deadline_s`` lower it as they come. It moves no output: on sorted
     input the outputs do not depend on these advances, and the lines whose outputs do (behind
     the bound, or after their join's tombstone may have ended) move the watermark whatever it
-    says.
+    says. ``partitions``: the joins split into so many streams (see the module's
+    guarantees), each applied by ``part``; with more than one, the transform itself is not
+    applied.
     """
 
     def __init__(self, lines: Iterable[tuple[bytes, Source]], max_disorder_s: float,
                  horizon_ms: int, scan: MessageScan, retention_floor_ms: int = 0,
-                 batch: int = 50_000, deadline_floor_ms: int = 0) -> None:
+                 batch: int = 50_000, deadline_floor_ms: int = 0, partitions: int = 1) -> None:
         super().__init__()
-        self._counts: dict[str, int] = {}
-        self._token = uuid.uuid4().hex
+        if partitions < 1:
+            raise ValueError("partitions must be >= 1")
+        self.partitions = partitions
+        self._counts: list[dict[str, int]] = [{} for _ in range(partitions)]
+        self._tokens = [uuid.uuid4().hex for _ in range(partitions)]
         # what the plan found, set by _plan
         self.behind = 0
         """Lines whose event time is behind the watermark when they arrive."""
@@ -448,30 +474,33 @@ class Replay(beam.PTransform[PBegin, pvalue.DoOutputsTuple]):
         round of bundles through every step, longer the more joins it holds; lines that lag
         more than ``max_disorder_s`` make an event each, nearly)."""
         self._scan = scan
-        parsed: dict[str, list[bytes]] = {}
-        self._stream, self.end_ms = self._plan(lines, _lag_ms(max_disorder_s), horizon_ms,
-                                               retention_floor_ms, batch, scan, parsed,
-                                               deadline_floor_ms)
+        parsed: list[dict[str, list[bytes]]] = [{} for _ in range(partitions)]
+        self._streams, self.end_ms = self._plan(lines, _lag_ms(max_disorder_s), horizon_ms,
+                                                retention_floor_ms, batch, scan, parsed,
+                                                deadline_floor_ms)
         """The last watermark before the jump to +infinity that ends the stream."""
-        _PARSED[self._token] = parsed
-        weakref.finalize(self, _PARSED.pop, self._token, None)
+        for token, planned in zip(self._tokens, parsed, strict=True):
+            _PARSED[token] = planned
+            weakref.finalize(self, _PARSED.pop, token, None)
 
     def _plan(self, lines: Iterable[tuple[bytes, Source]], lag: int, horizon_ms: int,
               retention_floor_ms: int, batch: int, scan: MessageScan,
-              parsed: dict[str, list[bytes]], deadline_floor_ms: int
-              ) -> tuple[TestStream, int]:
-        out = _Events(batch)
+              parsed: list[dict[str, list[bytes]]], deadline_floor_ms: int
+              ) -> tuple[list[TestStream], int]:
+        partitions = self.partitions
+        out = _Events(batch, partitions)
         joins = _JoinsSeen(batch, deadline_floor_ms)
-        counts = self._counts
         max_seen: int | None = None
         latest = 0  # the largest event time or opened_at: no deadline is earlier than it
         longest = 0
         for line, source in lines:
             path = source[0]
+            (t, deadline_ms, join_id, carried), result = scan.parse(line, source)
+            part = partition_of(join_id, partitions)
+            counts = self._counts[part]
             index = counts.get(path, 0)
             counts[path] = index + 1
-            (t, deadline_ms, join_id, carried), result = scan.parse(line, source)
-            parsed.setdefault(path, []).append(_RESULT.encode(result))
+            parsed[part].setdefault(path, []).append(_RESULT.encode(result))
             longest = max(longest, deadline_ms)
             joins.deadline(deadline_ms)
             if t is not None and (max_seen is None or t > max_seen):
@@ -493,7 +522,7 @@ class Replay(beam.PTransform[PBegin, pvalue.DoOutputsTuple]):
                 # an earlier line of this join in the pending event may have set a timer
                 # behind the watermark (a line behind it): it fires before this line
                 out.barrier()
-            out.add(path, index, t if t is not None else (
+            out.add(part, path, index, t if t is not None else (
                 out.watermark if out.watermark is not None else max_seen or 0))
             if join_id is not None and times:
                 joins.delivered(join_id, times)
@@ -512,18 +541,55 @@ class Replay(beam.PTransform[PBegin, pvalue.DoOutputsTuple]):
             out.advance(end)
         out.barrier()
         self.events = out.events
-        return out.stream.advance_watermark_to_infinity().with_output_types(RUN_TYPE), end
+        return [stream.advance_watermark_to_infinity().with_output_types(RUN_TYPE)
+                for stream in out.streams], end
 
     def expand(self, pbegin: PBegin) -> pvalue.DoOutputsTuple:
+        if self.partitions > 1:
+            raise ValueError("a replay split into partitions is applied one partition at a "
+                             "time (part)")
+        return pbegin | _ReplayPart(self, 0)
+
+    def part(self, partition: int) -> beam.PTransform[PBegin, pvalue.DoOutputsTuple]:
+        """The replay of the joins of one partition (``partition_of``), from 0 to
+        ``partitions - 1``: the lines of those joins (partition 0: and the lines the join
+        does not take), in the same events, with the same watermark moves (a new transform
+        each time: one per job)."""
+        if not 0 <= partition < self.partitions:
+            raise ValueError(f"partition {partition} of a replay in {self.partitions}")
+        return _ReplayPart(self, partition)
+
+
+class _ReplayPart(beam.PTransform[PBegin, pvalue.DoOutputsTuple]):
+    """One partition of a ``Replay``: its stream of runs, parsed (``_ParseRuns``)."""
+
+    def __init__(self, replay: Replay, partition: int) -> None:
+        super().__init__()
+        self._replay, self._partition = replay, partition
+
+    def expand(self, pbegin: PBegin) -> pvalue.DoOutputsTuple:
+        replay, part = self._replay, self._partition
         return (pbegin
-                | "Stream" >> self._stream
-                | "Parse" >> beam.ParDo(_ParseRuns(dict(self._counts), self._token, self._scan))
+                | "Stream" >> replay._streams[part]
+                | "Parse" >> beam.ParDo(_ParseRuns(dict(replay._counts[part]),
+                                                   replay._tokens[part], replay._scan,
+                                                   replay.partitions > 1))
                 .with_output_types(RECORD_TYPE).with_outputs(DEAD_LETTER, main=RECORDS))
+
+
+def partition_of(join_id: str | None, partitions: int) -> int:
+    """The partition of a split replay that replays a line of ``join_id`` (a join's lines all
+    go to one: a stable hash of its id, CRC-32); a line the join does not take (None: no join
+    id), partition 0."""
+    if join_id is None or partitions == 1:
+        return 0
+    return zlib.crc32(join_id.encode("utf-8", "surrogatepass")) % partitions
 
 
 def build_replay(lines: Iterable[tuple[bytes, Source]], max_disorder_s: float,
                  horizon_ms: int, scan: MessageScan, retention_floor_ms: int = 0,
-                 batch: int = 50_000, deadline_floor_ms: int = 0) -> Replay:
+                 batch: int = 50_000, deadline_floor_ms: int = 0, partitions: int = 1
+                 ) -> Replay:
     """``Replay(...)``: the replay of ``lines`` (see ``Replay``)."""
     return Replay(lines, max_disorder_s, horizon_ms, scan, retention_floor_ms, batch,
-                  deadline_floor_ms)
+                  deadline_floor_ms, partitions)

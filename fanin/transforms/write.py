@@ -61,7 +61,7 @@ from fanin.core.outcomes import encode_line
 from fanin.io.files import atomic_move, atomic_write
 
 __all__ = ["AT_END", "BY_COUNT_OR_TIME", "BY_TIME", "EARLY_FIRINGS", "FORMATS", "WriteOutput",
-           "new_token"]
+           "finalize_spills", "new_token", "spilled_in_this_process"]
 
 FORMATS = ("jsonl", "parquet")
 # When a streaming write's pending lines of one shard are written (its early firing):
@@ -238,6 +238,43 @@ class _Finalize(beam.DoFn):
         return found
 
 
+# (token, folder) -> the temporary files ``(shard, path)`` the spill steps of a write that
+# does not finalize committed in this process (``WriteOutput(finalize=False)``)
+_SPILLED: dict[tuple[str, str], set[tuple[int, str]]] = {}
+
+
+class _NoteSpills(beam.DoFn):
+    """The spill steps' committed temporary files, noted for ``spilled_in_this_process`` (a
+    retried bundle notes the same ones again: a set)."""
+
+    def __init__(self, token: str, folder: str) -> None:
+        self._key = (token, folder)
+
+    def process(self, spilled: tuple[int, str]) -> None:
+        _SPILLED.setdefault(self._key, set()).add(spilled)
+
+
+def spilled_in_this_process(token: str, folder: str) -> list[tuple[int, str]]:
+    """The temporary files ``(shard, path)`` that the writes of job ``token`` into ``folder``
+    with ``finalize=False`` committed in this process (run by an in-process runner), sorted;
+    forgotten once returned."""
+    return sorted(_SPILLED.pop((token, folder), ()))
+
+
+def finalize_spills(folder: str, kind: str, formats: Sequence[str], token: str,
+                    spilled: Iterable[tuple[int, str]]) -> list[str]:
+    """The second phase of a finite stream's write done outside the job: each shard's
+    temporary files ``spilled`` (committed by spill steps of writes with ``finalize=False``
+    and token ``token``, in any number of jobs) merged into the shard's file set, as one
+    job's ``Finalize`` step makes it (the same names and bytes), then every temporary file of
+    the shard deleted; the paths written. Safe to retry, as that step is."""
+    shards: dict[int, list[str]] = {}
+    for shard, path in spilled:
+        shards.setdefault(shard, []).append(path)
+    finalize = _Finalize(folder, kind, formats, token, token)
+    return [path for shard in sorted(shards) for path in finalize.process((shard, shards[shard]))]
+
+
 def _merge_into(paths: list[str], out: BinaryIO) -> None:
     """The lines of the sorted files ``paths``, merged in order, written to ``out`` as they
     are read. Lines are compared as UTF-8 bytes with their newline: byte order is code point
@@ -315,13 +352,19 @@ class WriteOutput(beam.PTransform[Any, PCollection[Any]]):
     processing-time trigger of a finite stream, which ``AT_END`` does not set
     (docs/runners.md). ``token`` (letters and digits; default: random per instance) names
     this job's files (streaming) and temporary files; give the job's outputs one token.
+    ``finalize`` False (a finite stream only): the write stops after its first phase, its
+    committed temporary files noted in this process (``spilled_in_this_process``) for
+    ``finalize_spills``: how a replay split across processes writes (each process replays
+    some joins, and the planning process finalizes what they all spilled).
     """
 
     def __init__(self, folder: str, kind: str, formats: Sequence[str] = ("jsonl",),
                  streaming: bool = False, window_s: float = 60.0, shards: int = 1,
                  pane_lines: int = 10_000, token: str | None = None,
-                 early: str = BY_COUNT_OR_TIME) -> None:
+                 early: str = BY_COUNT_OR_TIME, finalize: bool = True) -> None:
         super().__init__()
+        if not finalize and not (streaming and early == AT_END):
+            raise ValueError("finalize=False is for a finite stream (early AT_END)")
         unknown = set(formats) - set(FORMATS)
         if unknown or not formats:
             raise ValueError(f"formats must be a non-empty subset of {FORMATS}")
@@ -335,6 +378,7 @@ class WriteOutput(beam.PTransform[Any, PCollection[Any]]):
         if token is not None and not (token.isascii() and token.isalnum()):
             raise ValueError(f"token must be letters and digits, got {token!r}")
         self._token = token or new_token()
+        self._finalize = finalize
 
     def _early_trigger(self) -> trigger.TriggerFn:
         count = trigger.AfterCount(self._pane_lines)
@@ -353,6 +397,8 @@ class WriteOutput(beam.PTransform[Any, PCollection[Any]]):
                 tuple[int, str])
             for i, part in enumerate(parts))
         spilled = spills[0] if len(spills) == 1 else spills | "MergeSpills" >> beam.Flatten()
+        if not self._finalize:  # finalize_spills, once every job that spills has ended
+            return spilled | "NoteSpills" >> beam.ParDo(_NoteSpills(self._token, self._folder))
         if self._streaming:  # a GroupByKey of a stream needs a trigger: once, at its end
             spilled = spilled | "AtEnd" >> beam.WindowInto(
                 window.GlobalWindows(), trigger=trigger.AfterWatermark(),

@@ -224,7 +224,9 @@ def test_close_processes_defaults_to_the_cores_on_the_local_bounded_runner_only(
 @pytest.mark.parametrize("args, message", [
     (["--close-processes", "0"], "--close-processes must be from 1 to 64"),
     (["--close-processes", "65"], "--close-processes must be from 1 to 64"),
-    (["--close-processes", "2", "--replay"], "--close-processes applies to a bounded run"),
+    (["--close-processes", "2", "--replay", "--closes-topic",
+      "projects/my-project/topics/closes"],
+     "and to a replay on BundleBasedDirectRunner (the default) that writes files only"),
     (["--close-processes", "2", "--runner", "PrismRunner"],
      "--close-processes applies to a bounded run"),
     (["--close-processes", "1", "--direct_num_workers", "2"],

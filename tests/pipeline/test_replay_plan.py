@@ -57,7 +57,7 @@ def _plan(path: Path, **kwargs: Any) -> list[tuple[str, Any]]:
     replay = Replay(numbered_lines(str(path)), kwargs.pop("max_disorder_s", 0.0),
                     kwargs.pop("horizon_ms", DAY_MS), SCAN, **kwargs)
     events: list[tuple[str, Any]] = []
-    for event in replay._stream._events:  # the TestStream's plan, as built
+    for event in replay._streams[0]._events:  # the TestStream's plan, as built
         if isinstance(event, ElementEvent):
             count = sum(len(tv.value[1][1]) // 8 for tv in event.timestamped_values)
             events.append(("lines", count))
@@ -261,7 +261,7 @@ def test_a_worker_that_reads_a_file_changed_since_the_plan_fails_the_run(
 def test_the_plans_parse_lives_as_long_as_the_replay(tmp_path: Path) -> None:
     path = write_lines(tmp_path / "in.jsonl", [_open("a", 0), _receipt("a", 1)])
     replay = Replay(numbered_lines(str(path)), 0.0, DAY_MS, SCAN)
-    token = replay._token
+    token = replay._tokens[0]
     assert [len(parsed) for parsed in replay_module._PARSED[token].values()] == [2]
     del replay
     gc.collect()
@@ -321,7 +321,7 @@ def test_the_replay_parses_each_line_with_its_event_time(
 def test_the_last_advance_passes_every_deadline_and_is_the_replays_end(tmp_path: Path) -> None:
     path = write_lines(tmp_path / "in.jsonl", [_open("a", 0, deadline_s=90), _receipt("a", 5)])
     replay = Replay(numbered_lines(str(path)), 0.0, 60_001, SCAN)
-    last = [e for e in replay._stream._events if isinstance(e, WatermarkEvent)][-2]
+    last = [e for e in replay._streams[0]._events if isinstance(e, WatermarkEvent)][-2]
     assert last.new_watermark.micros // 1000 == replay.end_ms
     assert replay.end_ms > T0 + 5_000 + 90_000 + 60_000  # the open's deadline and horizon_ms
 
@@ -388,11 +388,11 @@ def test_the_plan_counts_its_events_and_the_lines_behind_the_watermark(tmp_path:
     lagging = Replay(numbered_lines(str(path)), 10.0, DAY_MS, SCAN,
                      retention_floor_ms=DAY_MS)
     assert (lagging.behind, lagging.largest_lag_ms) == (5, 30_000)
-    assert lagging.events == len(lagging._stream._events) - 1 > 5  # all but the jump to +inf
+    assert lagging.events == len(lagging._streams[0]._events) - 1 > 5  # all but the jump to +inf
     covered = Replay(numbered_lines(str(path)), 30.0, DAY_MS, SCAN,
                      retention_floor_ms=DAY_MS)
     assert (covered.behind, covered.largest_lag_ms) == (0, 30_000)
-    assert covered.events == len(covered._stream._events) - 1 == 2  # the lines, the end
+    assert covered.events == len(covered._streams[0]._events) - 1 == 2  # the lines, the end
 
 
 def test_a_replay_of_many_events_warns_and_names_the_disorder_that_covers_it(
