@@ -110,7 +110,7 @@ def _deadline_floor_ms(catalog: Catalog) -> int:
 
 def replay_of(lines: Iterable[tuple[bytes, Source]], catalog: Catalog,
               max_disorder_s: float, max_bytes: int = DEFAULT_MAX_BYTES,
-              partitions: int = 1) -> Replay:
+              partitions: int = 1, processes: int = 1) -> Replay:
     """The replay a streaming run from files reads and parses (``ParseMessages``' outputs),
     its lines scanned as the join parses them (``MessageScan``: a dead letter moves no
     watermark). Its watermark moves for a join's line only when a timer of that join may be
@@ -118,12 +118,15 @@ def replay_of(lines: Iterable[tuple[bytes, Source]], catalog: Catalog,
     passed (``_deadline_floor_ms``), and its last advance passes every deadline, not every
     tombstone: the join sets no timer for a tombstone that outlives the input
     (``JoinRecords``' ``input_end_ms`` = ``Replay.end_ms``). ``partitions``: the joins split
-    into so many partitions, each replayed by a job of its own (``SplitReplay``).
+    into so many partitions, each replayed by a job of its own (``SplitReplay``);
+    ``processes``: the lines parsed for the plan by this process and ``processes - 1``
+    helpers.
     """
     replay = build_replay(lines, max_disorder_s, _longest_deadline_ms(catalog) + 1,
                           MessageScan(frozenset(catalog.contracts), max_bytes),
                           replay_retention_floor_ms(catalog),
-                          deadline_floor_ms=_deadline_floor_ms(catalog), partitions=partitions)
+                          deadline_floor_ms=_deadline_floor_ms(catalog), partitions=partitions,
+                          processes=processes)
     if replay.events > _SLOW_REPLAY_EVENTS and not replay.behind:
         _LOG.warning(
             "fanin: --replay: the stream splits into %d events (no line lags the file's latest "
@@ -153,7 +156,8 @@ def _planned_replay(config: RunConfig, catalog: Catalog, partitions: int = 1) ->
     paths = expand_inputs(config.inputs)
     lines = by_event_time([numbered_lines(path, config.max_bytes) for path in paths],
                           MessageScan(frozenset(catalog.contracts), config.max_bytes))
-    return replay_of(lines, catalog, config.max_disorder_s, config.max_bytes, partitions)
+    return replay_of(lines, catalog, config.max_disorder_s, config.max_bytes, partitions,
+                     partitions)
 
 
 def build(p: beam.Pipeline, config: RunConfig, catalog: Catalog,

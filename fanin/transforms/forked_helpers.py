@@ -7,7 +7,7 @@ Lifecycle: ``Helpers(work, count)`` forks nothing; the first ``submit`` forks th
 is free; ``submit`` sends it a batch; ``finished`` returns the batches done so far (``wait``:
 all of those sent); ``close`` ends the helpers. ``HelpedStep`` ties them to a Beam step's
 DoFn: made in its ``setup``, ended at the end of a bundle or in its ``teardown``, failures
-logged.
+logged. ``in_order`` maps a function over an iterator of batches with helpers, in order.
 
 Guarantees:
 - Every batch submitted comes back from ``finished`` exactly once, with ``work(batch)`` as
@@ -54,10 +54,11 @@ import struct
 import sys
 import time
 import warnings
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Generic, TypeVar, cast
 
-__all__ = ["FORKS", "PATIENCE_S", "HelpedStep", "Helpers"]
+__all__ = ["FORKS", "PATIENCE_S", "HelpedStep", "Helpers", "in_order"]
 
 FORKS = hasattr(os, "fork")  # POSIX; Windows has no fork
 
@@ -403,3 +404,50 @@ class HelpedStep:
             _LOG.warning("fanin: a helper of the %s failed (%s); the %s %s", self._step, reason,
                          self._step, self._itself)
         self._helpers.failures.clear()
+
+
+_NOT_YET: Any = object()  # a batch's result not known yet
+
+
+def in_order(work: Callable[[_B], _T], batches: Iterable[_B], processes: int,
+             for_helpers: Callable[[_B], bool], failed: Callable[[str], None]
+             ) -> Iterator[tuple[_B, _T]]:
+    """``(batch, work(batch))`` for each of ``batches``, in their order, with ``processes -
+    1`` helpers (``Helpers``, forked at the first batch; none for 1): a helper takes a
+    batch while this process reads the next; a batch that comes while every helper is busy,
+    or that ``for_helpers`` refuses (say, one ``marshal`` would change), is done here, and so
+    is a batch whose helper failed (``failed`` is told why, once per failure). At most
+    ``2 * processes`` batches are held at once. The helpers end when the iteration does
+    (also when the caller stops early: the generator's ``close``)."""
+    if processes < 2:
+        for batch in batches:
+            yield batch, work(batch)
+        return
+    helpers: Helpers[_B, _T] = Helpers(work, processes - 1)
+    held: deque[list[Any]] = deque()  # [batch, its result or _NOT_YET], in order
+
+    def answered(wait: bool) -> None:
+        for slot, batch, result in helpers.finished(wait):
+            slot[1] = work(batch) if result is None else result
+        for reason in helpers.failures:
+            failed(reason)
+        helpers.failures.clear()
+
+    try:
+        for batch in batches:
+            slot = [batch, _NOT_YET]
+            held.append(slot)
+            if helpers.idle() and for_helpers(batch):
+                helpers.submit(batch, slot)
+            else:
+                slot[1] = work(batch)
+            answered(wait=len(held) > 2 * processes)
+            while held and held[0][1] is not _NOT_YET:
+                done = held.popleft()
+                yield done[0], done[1]
+        answered(wait=True)
+        while held:
+            done = held.popleft()
+            yield done[0], done[1]
+    finally:
+        helpers.close()

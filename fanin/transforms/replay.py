@@ -67,8 +67,10 @@ Guarantees:
 from __future__ import annotations
 
 import contextlib
+import functools
 import heapq
 import json
+import logging
 import uuid
 import weakref
 import zlib
@@ -96,11 +98,15 @@ from fanin.contracts import records as R
 from fanin.contracts.parsing import parse_message
 from fanin.contracts.timefmt import MAX_MS, MIN_MS, duration_ms, parse_rfc3339
 from fanin.core.outcomes import DEAD_LETTER
+from fanin.transforms.forked_helpers import in_order
 from fanin.transforms.parse import RECORD_TYPE, RECORDS, ParseFn
-from fanin.transforms.read import Source, numbered_lines
+from fanin.transforms.read import CHUNK_MESSAGES, Message, Source, numbered_lines
 
 __all__ = ["MessageScan", "Replay", "Scan", "build_replay", "by_event_time", "covering_disorder_s",
            "partition_of", "scan_line"]
+
+
+_LOG = logging.getLogger("fanin")
 
 
 def _decode(line: bytes) -> Any:
@@ -162,6 +168,52 @@ class MessageScan:
         if record[R.KIND] == R.OPEN:
             return (record[R.TIME], record[R.O_DEADLINE_MS] or 0, record[R.JOIN_ID], None), parsed
         return (record[R.TIME], 0, record[R.JOIN_ID], record[R.R_OPENED_AT]), parsed
+
+
+# a line's scan, and parse_message's result for it encoded (``_RESULT``)
+_Scanned = tuple[tuple[int | None, int, str | None, int | None], bytes]
+
+
+def _scan_chunk(scan: MessageScan, chunk: list[Message]) -> list[_Scanned]:
+    """Each line of ``chunk`` scanned and parsed as the plan keeps it."""
+    out: list[_Scanned] = []
+    for line, source in chunk:
+        scanned, result = scan.parse(line, source)
+        out.append((scanned, _RESULT.encode(result)))
+    return out
+
+
+def _chunks(lines: Iterable[Message], size: int) -> Iterator[list[Message]]:
+    chunk: list[Message] = []
+    for message in lines:
+        chunk.append(message)
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def _plain(chunk: list[Message]) -> bool:
+    """Whether a helper may parse ``chunk``: lines of plain bytes (``marshal`` would give a
+    helper a ``LongLine``, a long line's first bytes and its size, as plain bytes)."""
+    return all(type(line) is bytes for line, _ in chunk)
+
+
+def _plan_failed(reason: str) -> None:
+    _LOG.warning("fanin: a helper of the replay's plan failed (%s); the plan parses its "
+                 "lines itself", reason)
+
+
+def _scanned(lines: Iterable[Message], scan: MessageScan, processes: int
+             ) -> Iterator[tuple[Source, _Scanned]]:
+    """Each line's source and ``_scan_chunk`` result, in order; the lines parsed in chunks of
+    ``CHUNK_MESSAGES`` with ``processes - 1`` helpers (``in_order``)."""
+    for chunk, results in in_order(functools.partial(_scan_chunk, scan),
+                                   _chunks(lines, CHUNK_MESSAGES), processes, _plain,
+                                   _plan_failed):
+        for (_, source), result in zip(chunk, results, strict=True):
+            yield source, result
 
 
 def covering_disorder_s(lines: Iterable[tuple[bytes, Source]], scan: Scan) -> float:
@@ -452,12 +504,15 @@ class Replay(beam.PTransform[PBegin, pvalue.DoOutputsTuple]):
     the bound, or after their join's tombstone may have ended) move the watermark whatever it
     says. ``partitions``: the joins split into so many streams (see the module's
     guarantees), each applied by ``part``; with more than one, the transform itself is not
-    applied.
+    applied. ``processes``: the plan parses the lines in chunks, ``processes - 1`` helpers
+    forked from this process taking some (``in_order``: the plan is the same; a helper that
+    fails is logged and its chunk parsed here).
     """
 
     def __init__(self, lines: Iterable[tuple[bytes, Source]], max_disorder_s: float,
                  horizon_ms: int, scan: MessageScan, retention_floor_ms: int = 0,
-                 batch: int = 50_000, deadline_floor_ms: int = 0, partitions: int = 1) -> None:
+                 batch: int = 50_000, deadline_floor_ms: int = 0, partitions: int = 1,
+                 processes: int = 1) -> None:
         super().__init__()
         if partitions < 1:
             raise ValueError("partitions must be >= 1")
@@ -475,32 +530,31 @@ class Replay(beam.PTransform[PBegin, pvalue.DoOutputsTuple]):
         more than ``max_disorder_s`` make an event each, nearly)."""
         self._scan = scan
         parsed: list[dict[str, list[bytes]]] = [{} for _ in range(partitions)]
-        self._streams, self.end_ms = self._plan(lines, _lag_ms(max_disorder_s), horizon_ms,
-                                                retention_floor_ms, batch, scan, parsed,
+        self._streams, self.end_ms = self._plan(_scanned(lines, scan, processes),
+                                                _lag_ms(max_disorder_s), horizon_ms,
+                                                retention_floor_ms, batch, parsed,
                                                 deadline_floor_ms)
         """The last watermark before the jump to +infinity that ends the stream."""
         for token, planned in zip(self._tokens, parsed, strict=True):
             _PARSED[token] = planned
             weakref.finalize(self, _PARSED.pop, token, None)
 
-    def _plan(self, lines: Iterable[tuple[bytes, Source]], lag: int, horizon_ms: int,
-              retention_floor_ms: int, batch: int, scan: MessageScan,
-              parsed: list[dict[str, list[bytes]]], deadline_floor_ms: int
-              ) -> tuple[list[TestStream], int]:
+    def _plan(self, lines: Iterable[tuple[Source, _Scanned]], lag: int, horizon_ms: int,
+              retention_floor_ms: int, batch: int, parsed: list[dict[str, list[bytes]]],
+              deadline_floor_ms: int) -> tuple[list[TestStream], int]:
         partitions = self.partitions
         out = _Events(batch, partitions)
         joins = _JoinsSeen(batch, deadline_floor_ms)
         max_seen: int | None = None
         latest = 0  # the largest event time or opened_at: no deadline is earlier than it
         longest = 0
-        for line, source in lines:
+        for source, ((t, deadline_ms, join_id, carried), result) in lines:
             path = source[0]
-            (t, deadline_ms, join_id, carried), result = scan.parse(line, source)
             part = partition_of(join_id, partitions)
             counts = self._counts[part]
             index = counts.get(path, 0)
             counts[path] = index + 1
-            parsed[part].setdefault(path, []).append(_RESULT.encode(result))
+            parsed[part].setdefault(path, []).append(result)
             longest = max(longest, deadline_ms)
             joins.deadline(deadline_ms)
             if t is not None and (max_seen is None or t > max_seen):
@@ -588,8 +642,8 @@ def partition_of(join_id: str | None, partitions: int) -> int:
 
 def build_replay(lines: Iterable[tuple[bytes, Source]], max_disorder_s: float,
                  horizon_ms: int, scan: MessageScan, retention_floor_ms: int = 0,
-                 batch: int = 50_000, deadline_floor_ms: int = 0, partitions: int = 1
-                 ) -> Replay:
+                 batch: int = 50_000, deadline_floor_ms: int = 0, partitions: int = 1,
+                 processes: int = 1) -> Replay:
     """``Replay(...)``: the replay of ``lines`` (see ``Replay``)."""
     return Replay(lines, max_disorder_s, horizon_ms, scan, retention_floor_ms, batch,
-                  deadline_floor_ms, partitions)
+                  deadline_floor_ms, partitions, processes)

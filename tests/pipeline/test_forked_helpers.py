@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from support.child_env import same_code_env
 
-from fanin.transforms.forked_helpers import Helpers
+from fanin.transforms.forked_helpers import Helpers, in_order
 
 
 def _pid_and_sum(batch: list[int]) -> tuple[int, int]:
@@ -156,7 +156,7 @@ _GRPC_PROBE = """
 import json
 from concurrent import futures
 import grpc
-from fanin.transforms.forked_helpers import Helpers
+from fanin.transforms.forked_helpers import Helpers, in_order
 
 def add(batch):
     return sum(batch)
@@ -229,7 +229,7 @@ def test_a_helper_that_cannot_be_forked_leaves_the_batch_undone_and_the_others_s
 
 _ORPHAN_PROBE = """
 import os, signal, sys
-from fanin.transforms.forked_helpers import Helpers
+from fanin.transforms.forked_helpers import Helpers, in_order
 
 def wait_for_a_signal(batch):
     signal.pause()
@@ -260,7 +260,7 @@ def test_a_helper_dies_with_its_parent_even_at_work() -> None:
 
 _TWO_POOLS = """
 import json, os
-from fanin.transforms.forked_helpers import Helpers
+from fanin.transforms.forked_helpers import Helpers, in_order
 first = Helpers(sum, 1)
 first.submit([1, 2])
 assert first.finished(wait=True)[0][2] == 3
@@ -288,3 +288,32 @@ def test_a_pool_closes_while_helpers_of_a_later_pool_live() -> None:
                           timeout=60, env=same_code_env())
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout) == [True]
+
+
+def test_in_order_gives_each_batch_once_in_its_order_whoever_did_it() -> None:
+    batches = [list(range(n)) for n in range(1, 40)]
+    here = os.getpid()
+    for processes in (1, 3):
+        failures: list[str] = []
+        done = list(in_order(_pid_and_sum, iter(batches), processes,
+                             lambda batch: len(batch) % 5 != 0, failures.append))
+        assert [batch for batch, _ in done] == batches  # in order, each once
+        assert [total for _, (_, total) in done] == [sum(b) for b in batches]
+        pids = {pid for _, (pid, _) in done}
+        assert failures == []
+        if processes == 1:
+            assert pids == {here}
+        else:  # helpers took some; what for_helpers refuses is done here
+            assert len(pids) > 1
+            assert all(pid == here for batch, (pid, _) in done if len(batch) % 5 == 0)
+
+
+def test_in_order_ends_its_helpers_when_the_caller_stops_early() -> None:
+    started = in_order(_pid_and_sum, iter([[n] for n in range(100)]), 2, lambda _: True,
+                       lambda reason: None)
+    first = [next(started) for _ in range(3)]
+    helpers = {pid for _, (pid, _) in first} - {os.getpid()}
+    assert helpers  # the first batch went to a helper
+    started.close()
+    for pid in helpers:
+        assert _gone(pid)

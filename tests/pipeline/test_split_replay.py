@@ -162,3 +162,37 @@ def test_close_processes_splits_a_replay_on_the_default_runner_that_writes_files
     assert replay_processes(published, "BundleBasedDirectRunner") == 1
     assert replay_processes(RunConfig(output="o", inputs=["i"], close_processes=3),
                             "BundleBasedDirectRunner") == 1  # bounded: close_processes
+
+
+def _plan(path: Path, **settings: Any) -> dict[str, Any]:
+    """A replay's plan in a fresh interpreter (``support.plan_runs``)."""
+    done = subprocess.run([sys.executable, "-m", "support.plan_runs", json.dumps(
+        {"input": str(path), **settings})], capture_output=True, text=True, timeout=300,
+        env=same_code_env(PYTHONPATH=os.pathsep.join([same_code_env()["PYTHONPATH"],
+                                                       str(TESTS)])))
+    assert done.returncode == 0, done.stderr[-3000:]
+    found: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return found
+
+
+def test_the_plan_parsed_by_helpers_is_the_plan_of_one_process(traffic: Path,
+                                                               tmp_path: Path) -> None:
+    long = tmp_path / "long.jsonl"  # a line over --max-bytes: its chunk is parsed here
+    lines = traffic.read_text(encoding="utf-8").splitlines()
+    lines.insert(700, json.dumps({"join_id": "big", "branch": "a", "status": "ok",
+                                  "event_time": "2026-01-01T00:00:00Z", "value": "x" * 5000}))
+    long.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    for path, partitions in ((traffic, 1), (long, 3)):
+        settings = {"partitions": partitions, "chunk": 97, "max_bytes": 4096,
+                    "max_disorder_s": 2.0}
+        one = _plan(path, processes=1, **settings)
+        assert one["chunks"] == 0 and one["events"] > 10
+        for processes in (2, 3):
+            helped = _plan(path, processes=processes, **settings)
+            assert helped["plan"] == one["plan"] and helped["events"] == one["events"]
+            assert helped["chunks"] > 5 and helped["undone"] == 0 and not helped["failures"]
+    failing = _plan(long, processes=3, raise_on=2, **settings)  # each helper's 2nd chunk
+    assert failing["plan"] == one["plan"] and failing["undone"] == 2
+    assert failing["failures"] == 2 * ["fanin: a helper of the replay's plan failed "
+                                       "(MemoryError: injected); the plan parses its lines "
+                                       "itself"]
