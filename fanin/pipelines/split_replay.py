@@ -15,8 +15,9 @@ from this process, each of which runs ``run_part(i)`` for one partition ``i >= 1
 its own, built after the fork); this process runs partition 0 meanwhile (its own job);
 ``finish()`` waits for the helpers, runs here the partitions whose helper failed (logged, a
 warning), and finalizes the outputs: each output's temporary files, spilled by every job
-(``WriteOutput(finalize=False)``), merged into its files as one job's finalize step makes
-them. ``close()`` ends the helpers (a run that stops: a helper at work is killed).
+(``WriteOutput(finalize=False)``) and merged by it into one per shard, merged into its files
+as one job's finalize step makes them (an ``OSError`` there is named as that step's).
+``close()`` ends the helpers (a run that stops: a helper at work is killed).
 
 Guarantees:
 - The outputs are the files a replay in one process writes, byte for byte: each join's
@@ -30,12 +31,13 @@ Guarantees:
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from fanin.transforms.forked_helpers import Helpers
 from fanin.transforms.replay import Replay
-from fanin.transforms.write import finalize_spills, spilled_in_this_process
+from fanin.transforms.write import finalize_spills, merged_spills, spilled_in_this_process
 
 __all__ = ["Output", "SplitReplay"]
 
@@ -67,9 +69,14 @@ class SplitReplay:
         return self._spilled()
 
     def _spilled(self) -> list[tuple[str, int, str]]:
-        """The temporary files ``(folder, shard, path)`` this process's jobs spilled."""
-        return [(folder, shard, path) for folder, _, _ in self._outputs
-                for shard, path in spilled_in_this_process(self.token, folder)]
+        """The temporary files ``(folder, shard, path)`` this process's jobs spilled, a file
+        per output and shard (``merged_spills``)."""
+        spilled: list[tuple[str, int, str]] = []
+        for folder, kind, _ in self._outputs:
+            with _as_finalize_step(kind):
+                spilled += [(folder, shard, path) for shard, path in merged_spills(
+                    folder, kind, self.token, spilled_in_this_process(self.token, folder))]
+        return spilled
 
     def start(self) -> None:
         """Fork the helpers, one per partition but 0, each replaying its partition."""
@@ -97,12 +104,24 @@ class SplitReplay:
                 spilled += result
         written: list[str] = []
         for folder, kind, formats in self._outputs:
-            written += finalize_spills(folder, kind, formats, self.token,
-                                       [(shard, path) for where, shard, path in spilled
-                                        if where == folder])
+            with _as_finalize_step(kind):
+                written += finalize_spills(folder, kind, formats, self.token,
+                                           [(shard, path) for where, shard, path in spilled
+                                            if where == folder])
         return written
 
     def close(self) -> None:
         """End the helpers (killed if still at work)."""
         if self._helpers is not None:
             self._helpers.close()
+
+
+@contextlib.contextmanager
+def _as_finalize_step(kind: str) -> Iterator[None]:
+    """An ``OSError`` of the files' merge, named as one job's finalize step fails (``[while
+    running 'Write/<kind>/Finalize']``, as Beam's local runner names a failed step): one
+    line from ``fanin run``, as in one process."""
+    try:
+        yield
+    except OSError as exc:
+        raise OSError(f"{exc} [while running 'Write/{kind}/Finalize']") from exc

@@ -61,7 +61,7 @@ from fanin.core.outcomes import encode_line
 from fanin.io.files import atomic_move, atomic_write
 
 __all__ = ["AT_END", "BY_COUNT_OR_TIME", "BY_TIME", "EARLY_FIRINGS", "FORMATS", "WriteOutput",
-           "finalize_spills", "new_token", "spilled_in_this_process"]
+           "finalize_spills", "merged_spills", "new_token", "spilled_in_this_process"]
 
 FORMATS = ("jsonl", "parquet")
 # When a streaming write's pending lines of one shard are written (its early firing):
@@ -220,9 +220,10 @@ class _Finalize(beam.DoFn):
                     ordered.extend(handle.read().decode("utf-8").split("\n")[:-1])
             ordered.sort()
             yield from _write_shard(self._folder, self._kind, self._formats, base, ordered)
-        pattern = FileSystems.join(self._folder,
-                                   _temp_prefix(self._kind, self._token, shard) + "*")
-        _delete_all([m.path for r in FileSystems.match([pattern]) for m in r.metadata_list])
+        prefix = _temp_prefix(self._kind, self._token, shard)
+        # and what a process killed while writing one left: atomic_write's ".<name>.tmp-..."
+        patterns = [FileSystems.join(self._folder, name + "*") for name in (prefix, "." + prefix)]
+        _delete_all([m.path for r in FileSystems.match(patterns) for m in r.metadata_list])
 
     def _written_earlier(self, base: str) -> list[str]:
         """A retry after a partial success: the shard's output files, which must exist."""
@@ -259,6 +260,28 @@ def spilled_in_this_process(token: str, folder: str) -> list[tuple[int, str]]:
     with ``finalize=False`` committed in this process (run by an in-process runner), sorted;
     forgotten once returned."""
     return sorted(_SPILLED.pop((token, folder), ()))
+
+
+def merged_spills(folder: str, kind: str, token: str, spilled: Iterable[tuple[int, str]]
+                  ) -> list[tuple[int, str]]:
+    """``spilled`` (``(shard, temporary file)``, sorted files) with each shard's files merged
+    into one new temporary file of the shard (the files merged are deleted): what one job of
+    a split replay hands on, so that the final merge reads a file per job and shard, never
+    more files at once than one job's finalize would."""
+    shards: dict[int, list[str]] = {}
+    for shard, path in spilled:
+        shards.setdefault(shard, []).append(path)
+    merged: list[tuple[int, str]] = []
+    for shard, paths in sorted(shards.items()):
+        if len(paths) > 1:
+            new_file = functools.partial(_temp_file, folder, kind, token, shard)
+            few = _fewer_than_fan_in(sorted(paths), new_file)
+            path = new_file()
+            atomic_write(path, functools.partial(_merge_into, few))
+            _delete_all(sorted(set(paths) | set(few)))
+            paths = [path]
+        merged.append((shard, paths[0]))
+    return merged
 
 
 def finalize_spills(folder: str, kind: str, formats: Sequence[str], token: str,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,14 +18,16 @@ from typing import Any
 
 import pytest
 from apache_beam.testing.test_stream import ElementEvent, WatermarkEvent
-from support.child_env import same_code_env
+from support.child_env import file_size_limited, same_code_env
 
 from fanin.contracts.catalog import load_contracts
 from fanin.fleet.simulate import CONTRACTS_PATH, write_simulation
 from fanin.pipelines.pipeline import RunConfig, catalog_for, replay_of
 from fanin.pipelines.runner_choice import AUTO_CLOSE_PROCESSES, replay_processes
+from fanin.transforms import write
 from fanin.transforms.read import numbered_lines
 from fanin.transforms.replay import MessageScan, partition_of
+from fanin.transforms.write import finalize_spills, new_token
 
 TESTS = Path(__file__).resolve().parents[1]
 
@@ -196,3 +199,45 @@ def test_the_plan_parsed_by_helpers_is_the_plan_of_one_process(traffic: Path,
     assert failing["failures"] == 2 * ["fanin: a helper of the replay's plan failed "
                                        "(MemoryError: injected); the plan parses its lines "
                                        "itself"]
+
+
+def test_a_merge_the_disk_refuses_is_the_one_line_of_one_process(traffic: Path,
+                                                                 tmp_path: Path) -> None:
+    """Files limited to 3/4 of the closes file: each job's own files fit, the closes file
+    does not; the run fails in the files' finalize with one process, and in the run's merge
+    after a split. Both say it in the same line (the step named), with no traceback."""
+    _run(traffic, tmp_path / "whole", 1, config={"max_disorder_s": 2.0})
+    size = sum(p.stat().st_size for p in (tmp_path / "whole" / "closes").iterdir())
+    said = []
+    for processes in (1, 2):
+        done = subprocess.run(file_size_limited([
+            str(Path(sys.executable).with_name("fanin")), "run", "--input", str(traffic),
+            "--contracts", CONTRACTS_PATH, "--output", str(tmp_path / f"out{processes}"),
+            "--replay", "--max-disorder-s", "2", "--close-processes", str(processes)],
+            size * 3 // 4), capture_output=True, text=True, timeout=300, check=False)
+        assert done.returncode == 1, done.stderr[-3000:]
+        assert "Traceback" not in done.stderr
+        last = done.stderr.strip().splitlines()[-1]
+        said.append(re.sub(r"out\d/closes/\S+'", "FILE'", last))
+    assert said[0] == said[1]
+    assert re.fullmatch(r"fanin: error: the job failed reading or writing files: cannot write "
+                        r"'\S+FILE': File too large \[while running 'Write/closes/Finalize'\]",
+                        said[0]), said[0]
+
+
+def test_the_finalize_deletes_what_a_process_killed_while_writing_left(tmp_path: Path) -> None:
+    """A split replay's helper killed while it wrote a temporary file leaves atomic_write's
+    own temporary file of it (``.<name>.tmp-...``); the run's finalize deletes it too."""
+    folder = tmp_path / "closes"
+    folder.mkdir()
+    token = new_token()
+    spilled = []
+    for lines in (["a\n", "c\n"], ["b\n"]):
+        path = write._temp_file(str(folder), "closes", token, 0)
+        Path(path).write_text("".join(lines), encoding="utf-8")
+        spilled.append((0, path))
+    stray = folder / f".{Path(write._temp_file(str(folder), 'closes', token, 0)).name}.tmp-0f"
+    stray.write_text("a\n", encoding="utf-8")
+    written = finalize_spills(str(folder), "closes", ["jsonl"], token, spilled)
+    assert [Path(p).read_text(encoding="utf-8") for p in written] == ["a\nb\nc\n"]
+    assert sorted(p.name for p in folder.iterdir()) == [Path(written[0]).name]
