@@ -84,9 +84,11 @@ def bounded_run(lines: list[str], folder: Path, contracts_yaml: str, env: Env,
 
 
 def replay_run(lines: list[str], folder: Path, contracts_yaml: str, env: Env,
-               trigger: str = "watermark", max_disorder_s: float | None = None) -> Outputs:
+               trigger: str = "watermark", max_disorder_s: float | None = None,
+               close_processes: int | None = None) -> Outputs:
     """``fanin run --replay --close-trigger <trigger>`` on the lines sorted by event time, or,
-    with ``max_disorder_s``, in their given order with that watermark lag."""
+    with ``max_disorder_s``, in their given order with that watermark lag; split across
+    ``close_processes`` processes (default: as ``fanin run``)."""
     ordered = arrival_order(lines, env) if max_disorder_s is None else lines
     data, contracts = _write_inputs(ordered, folder, contracts_yaml)
     defaults = _defaults(env, close_trigger=trigger)
@@ -95,7 +97,8 @@ def replay_run(lines: list[str], folder: Path, contracts_yaml: str, env: Env,
                            contracts_path=str(contracts), defaults=defaults,
                            max_messages_per_join=env.max_messages_per_join,
                            max_bytes=env.max_bytes,
-                           max_bytes_per_join=env.max_bytes_per_join), [])
+                           max_bytes_per_join=env.max_bytes_per_join,
+                           close_processes=close_processes), [])
     return read_output_dir(folder / "out")
 
 
