@@ -194,10 +194,12 @@ def _chunks(lines: Iterable[Message], size: int) -> Iterator[list[Message]]:
         yield chunk
 
 
-def _plain(chunk: list[Message]) -> bool:
-    """Whether a helper may parse ``chunk``: lines of plain bytes (``marshal`` would give a
-    helper a ``LongLine``, a long line's first bytes and its size, as plain bytes)."""
-    return all(type(line) is bytes for line, _ in chunk)
+def _for_helpers(chunk: list[Message]) -> bool:
+    """Whether a helper may parse ``chunk``: a full one (the last, partial one is parsed by
+    the plan itself, so a replay of fewer lines than a chunk forks nothing for its plan) of
+    plain bytes (``marshal`` would give a helper a ``LongLine``, a long line's first bytes and
+    its size, as plain bytes)."""
+    return len(chunk) >= CHUNK_MESSAGES and all(type(line) is bytes for line, _ in chunk)
 
 
 def _plan_failed(reason: str) -> None:
@@ -210,7 +212,7 @@ def _scanned(lines: Iterable[Message], scan: MessageScan, processes: int
     """Each line's source and ``_scan_chunk`` result, in order; the lines parsed in chunks of
     ``CHUNK_MESSAGES`` with ``processes - 1`` helpers (``in_order``)."""
     for chunk, results in in_order(functools.partial(_scan_chunk, scan),
-                                   _chunks(lines, CHUNK_MESSAGES), processes, _plain,
+                                   _chunks(lines, CHUNK_MESSAGES), processes, _for_helpers,
                                    _plan_failed):
         for (_, source), result in zip(chunk, results, strict=True):
             yield source, result

@@ -194,6 +194,8 @@ def test_the_plan_parsed_by_helpers_is_the_plan_of_one_process(traffic: Path,
             helped = _plan(path, processes=processes, **settings)
             assert helped["plan"] == one["plan"] and helped["events"] == one["events"]
             assert helped["chunks"] > 5 and helped["undone"] == 0 and not helped["failures"]
+    # fewer lines than a chunk: the plan parses them itself, forking nothing
+    assert _plan(traffic, processes=3, partitions=1)["chunks"] == 0
     failing = _plan(long, processes=3, raise_on=2, **settings)  # each helper's 2nd chunk
     assert failing["plan"] == one["plan"] and failing["undone"] == 2
     assert failing["failures"] == 2 * ["fanin: a helper of the replay's plan failed "
