@@ -417,7 +417,7 @@ def in_order(work: Callable[[_B], _T], batches: Iterable[_B], processes: int,
     batch while this process reads the next; a batch that comes while every helper is busy,
     or that ``for_helpers`` refuses (say, one ``marshal`` would change), is done here, and so
     is a batch whose helper failed (``failed`` is told why, once per failure). At most
-    ``2 * processes`` batches are held at once. The helpers end when the iteration does
+    ``2 * processes + 1`` batches are held at once. The helpers end when the iteration does
     (also when the caller stops early: the generator's ``close``)."""
     if processes < 2:
         for batch in batches:

@@ -262,17 +262,21 @@ def spilled_in_this_process(token: str, folder: str) -> list[tuple[int, str]]:
     return sorted(_SPILLED.pop((token, folder), ()))
 
 
+def _by_shard(spilled: Iterable[tuple[int, str]]) -> dict[int, list[str]]:
+    shards: dict[int, list[str]] = {}
+    for shard, path in spilled:
+        shards.setdefault(shard, []).append(path)
+    return shards
+
+
 def merged_spills(folder: str, kind: str, token: str, spilled: Iterable[tuple[int, str]]
                   ) -> list[tuple[int, str]]:
     """``spilled`` (``(shard, temporary file)``, sorted files) with each shard's files merged
     into one new temporary file of the shard (the files merged are deleted): what one job of
     a split replay hands on, so that the final merge reads a file per job and shard, never
     more files at once than one job's finalize would."""
-    shards: dict[int, list[str]] = {}
-    for shard, path in spilled:
-        shards.setdefault(shard, []).append(path)
     merged: list[tuple[int, str]] = []
-    for shard, paths in sorted(shards.items()):
+    for shard, paths in sorted(_by_shard(spilled).items()):
         if len(paths) > 1:
             new_file = functools.partial(_temp_file, folder, kind, token, shard)
             few = _fewer_than_fan_in(sorted(paths), new_file)
@@ -291,9 +295,7 @@ def finalize_spills(folder: str, kind: str, formats: Sequence[str], token: str,
     and token ``token``, in any number of jobs) merged into the shard's file set, as one
     job's ``Finalize`` step makes it (the same names and bytes), then every temporary file of
     the shard deleted; the paths written. Safe to retry, as that step is."""
-    shards: dict[int, list[str]] = {}
-    for shard, path in spilled:
-        shards.setdefault(shard, []).append(path)
+    shards = _by_shard(spilled)
     finalize = _Finalize(folder, kind, formats, token, token)
     return [path for shard in sorted(shards) for path in finalize.process((shard, shards[shard]))]
 
