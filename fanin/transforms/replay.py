@@ -604,7 +604,7 @@ class Replay(beam.PTransform[PBegin, pvalue.DoOutputsTuple]):
         if self.partitions > 1:
             raise ValueError("a replay split into partitions is applied one partition at a "
                              "time (part)")
-        return pbegin | _ReplayPart(self, 0)
+        return _ReplayPart(self, 0).expand(pbegin)  # its steps as this one's: Read/Stream...
 
     def part(self, partition: int) -> beam.PTransform[PBegin, pvalue.DoOutputsTuple]:
         """The replay of the joins of one partition (``partition_of``), from 0 to
