@@ -38,7 +38,7 @@ from fanin.contracts import records as R
 from fanin.contracts.parsing import DEFAULT_MAX_BYTES, parse_message, read_join_id
 from fanin.core.outcomes import DEAD_LETTER
 from fanin.transforms.forked_helpers import HelpedStep
-from fanin.transforms.read import Message, is_full
+from fanin.transforms.read import Message, for_helpers
 
 __all__ = ["DEAD_LETTER", "RECORDS", "RECORD_TYPE", "KeyMessages", "PackedMessages", "ParseFn",
            "ParseMessages"]
@@ -171,7 +171,7 @@ class _KeyFn(HelpedStep, _Reading):
     them on Beam's in-process runner only): ``processes - 1`` processes forked from this one
     (``fanin.transforms.forked_helpers``) key full chunks while this one reads the next; a
     chunk that comes while every helper is busy, a file's last (partial) chunk, and a chunk
-    holding a line longer than ``max_bytes`` (``_for_helpers``) are keyed here, so an input
+    holding a line longer than ``max_bytes`` (``for_helpers``) are keyed here, so an input
     of one chunk forks nothing. Chunks leave in the order they came, whoever
     keyed them, so a join's messages reach the shuffle in the order they were read and the
     values are the ones one process makes; a chunk whose helper fails is keyed here (logged,
@@ -202,7 +202,7 @@ class _KeyFn(HelpedStep, _Reading):
         slot: list[Keyed | None] = [None]
         self._chunks.append(slot)
         helpers = self._helpers
-        if helpers is not None and helpers.idle() and _for_helpers(chunk):
+        if helpers is not None and helpers.idle() and for_helpers(chunk):
             helpers.submit(chunk, slot)
         else:
             slot[0] = self.keyed_chunk(chunk)
@@ -270,14 +270,6 @@ class _KeyFn(HelpedStep, _Reading):
             for letter in dead:
                 yield _dead_letter(letter)
             yield from values
-
-
-def _for_helpers(chunk: list[Message]) -> bool:
-    """Whether a helper may key ``chunk``: a full one (a file's last is keyed by the step)
-    of plain bytes. A ``LongLine`` (a long line's first bytes, and its size) would reach a
-    helper as plain bytes (``marshal`` keeps no subclass), and its ``too_large`` dead letter
-    would state the size of those bytes, not the line's."""
-    return is_full(chunk) and all(type(data) is bytes for data, _ in chunk)
 
 
 def _in_global(out: Any) -> Any:

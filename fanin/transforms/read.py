@@ -24,7 +24,7 @@ from __future__ import annotations
 import glob
 import os
 import stat
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import apache_beam as beam
@@ -35,8 +35,8 @@ from fanin.contracts.lines import message_lines
 from fanin.contracts.parsing import DEFAULT_MAX_BYTES, is_utf8
 from fanin.io.inputs import check_start, input_lines
 
-__all__ = ["CHUNK_BYTES", "CHUNK_MESSAGES", "Message", "ReadNumberedLines", "expand_inputs",
-           "is_full", "numbered_chunks", "numbered_lines"]
+__all__ = ["CHUNK_BYTES", "CHUNK_MESSAGES", "Message", "ReadNumberedLines", "chunked",
+           "expand_inputs", "for_helpers", "is_full", "numbered_chunks", "numbered_lines"]
 
 Source = tuple[str, int]
 # a message read from a file: ``(line bytes, (path, line number))``
@@ -105,12 +105,17 @@ def numbered_lines(path: str, max_bytes: int = DEFAULT_MAX_BYTES
 
 def numbered_chunks(path: str, max_bytes: int = DEFAULT_MAX_BYTES
                     ) -> Iterator[list[Message]]:
-    """``numbered_lines`` in file order, in chunks of ``CHUNK_MESSAGES`` messages or
+    """``numbered_lines`` in file order, in chunks (``chunked``)."""
+    return chunked(numbered_lines(path, max_bytes))
+
+
+def chunked(messages: Iterable[Message]) -> Iterator[list[Message]]:
+    """``messages`` in their order, in chunks of ``CHUNK_MESSAGES`` messages or
     ``CHUNK_BYTES`` bytes (the first limit reached ends a chunk; the last one holds the
     rest)."""
     chunk: list[Message] = []
     size = 0
-    for message in numbered_lines(path, max_bytes):
+    for message in messages:
         chunk.append(message)
         size += len(message[0])
         if len(chunk) >= CHUNK_MESSAGES or size >= CHUNK_BYTES:
@@ -121,9 +126,17 @@ def numbered_chunks(path: str, max_bytes: int = DEFAULT_MAX_BYTES
 
 
 def is_full(chunk: list[Message]) -> bool:
-    """Whether ``chunk`` reached a limit of ``numbered_chunks`` (a file's last chunk may
-    not)."""
+    """Whether ``chunk`` reached a limit of ``chunked`` (the last chunk may not)."""
     return len(chunk) >= CHUNK_MESSAGES or sum(len(data) for data, _ in chunk) >= CHUNK_BYTES
+
+
+def for_helpers(chunk: list[Message]) -> bool:
+    """Whether a forked helper may take ``chunk`` (``fanin.transforms.forked_helpers``): a
+    full one (the last is done by the process itself, so an input of one chunk forks
+    nothing) of plain bytes. A ``LongLine`` (a long line's first bytes, and its size) would
+    reach a helper as plain bytes (``marshal`` keeps no subclass), and its ``too_large`` dead
+    letter would state the size of those bytes, not the line's."""
+    return is_full(chunk) and all(type(data) is bytes for data, _ in chunk)
 
 
 class ReadNumberedLines(beam.PTransform[PBegin, PCollection[Any]]):

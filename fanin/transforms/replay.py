@@ -100,7 +100,7 @@ from fanin.contracts.timefmt import MAX_MS, MIN_MS, duration_ms, parse_rfc3339
 from fanin.core.outcomes import DEAD_LETTER
 from fanin.transforms.forked_helpers import in_order
 from fanin.transforms.parse import RECORD_TYPE, RECORDS, ParseFn
-from fanin.transforms.read import CHUNK_MESSAGES, Message, Source, numbered_lines
+from fanin.transforms.read import Message, Source, chunked, for_helpers, numbered_lines
 
 __all__ = ["MessageScan", "Replay", "Scan", "build_replay", "by_event_time", "covering_disorder_s",
            "partition_of", "scan_line"]
@@ -183,25 +183,6 @@ def _scan_chunk(scan: MessageScan, chunk: list[Message]) -> list[_Scanned]:
     return out
 
 
-def _chunks(lines: Iterable[Message], size: int) -> Iterator[list[Message]]:
-    chunk: list[Message] = []
-    for message in lines:
-        chunk.append(message)
-        if len(chunk) >= size:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
-
-
-def _for_helpers(chunk: list[Message]) -> bool:
-    """Whether a helper may parse ``chunk``: a full one (the last, partial one is parsed by
-    the plan itself, so a replay of fewer lines than a chunk forks nothing for its plan) of
-    plain bytes (``marshal`` would give a helper a ``LongLine``, a long line's first bytes and
-    its size, as plain bytes)."""
-    return len(chunk) >= CHUNK_MESSAGES and all(type(line) is bytes for line, _ in chunk)
-
-
 def _plan_failed(reason: str) -> None:
     _LOG.warning("fanin: a helper of the replay's plan failed (%s); the plan parses its "
                  "lines itself", reason)
@@ -209,11 +190,11 @@ def _plan_failed(reason: str) -> None:
 
 def _scanned(lines: Iterable[Message], scan: MessageScan, processes: int
              ) -> Iterator[tuple[Source, _Scanned]]:
-    """Each line's source and ``_scan_chunk`` result, in order; the lines parsed in chunks of
-    ``CHUNK_MESSAGES`` with ``processes - 1`` helpers (``in_order``)."""
-    for chunk, results in in_order(functools.partial(_scan_chunk, scan),
-                                   _chunks(lines, CHUNK_MESSAGES), processes, _for_helpers,
-                                   _plan_failed):
+    """Each line's source and ``_scan_chunk`` result, in order; the lines parsed in chunks
+    (``chunked``) with ``processes - 1`` helpers taking full ones (``in_order``,
+    ``for_helpers``: a replay of fewer lines than a chunk forks nothing for its plan)."""
+    for chunk, results in in_order(functools.partial(_scan_chunk, scan), chunked(lines),
+                                   processes, for_helpers, _plan_failed):
         for (_, source), result in zip(chunk, results, strict=True):
             yield source, result
 

@@ -5,8 +5,8 @@ the SHA-256 of the plan (each partition's stream events and the plan's parse of 
 its event count, the chunks sent to helpers and those returned undone, and what failed.
 
 SETTINGS (JSON): ``input``, ``processes``, ``partitions``; optional ``chunk``
-(``CHUNK_MESSAGES`` of the plan), ``max_bytes``, ``max_disorder_s`` and ``raise_on`` (a
-helper raises on its n-th chunk).
+(``CHUNK_MESSAGES`` of the read's chunks, which the plan takes), ``max_bytes``,
+``max_disorder_s`` and ``raise_on`` (a helper raises on its n-th chunk).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 
 from fanin.fleet.simulate import CONTRACTS_PATH
 from fanin.pipelines.pipeline import RunConfig, catalog_for, replay_of
-from fanin.transforms import replay
+from fanin.transforms import read, replay
 from fanin.transforms.forked_helpers import Helpers
 from fanin.transforms.read import numbered_lines
 
@@ -45,7 +45,7 @@ def main(settings: dict[str, Any]) -> dict[str, Any]:
 
     Helpers.submit = counted  # type: ignore[method-assign]
     Helpers.finished = answered  # type: ignore[method-assign]
-    replay.CHUNK_MESSAGES = settings.get("chunk", replay.CHUNK_MESSAGES)
+    read.CHUNK_MESSAGES = settings.get("chunk", read.CHUNK_MESSAGES)
     if "raise_on" in settings:
         parent, calls, work = os.getpid(), [], replay._scan_chunk
 
